@@ -1,0 +1,23 @@
+"""Hugging Face transformers as the oracle: greedy generation and logits to compare against."""
+
+import torch
+
+
+@torch.inference_mode()
+def hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers `generate(do_sample=False)` for one prompt: the generated ids (stops at EOS)."""
+    input_ids = torch.tensor([prompt_ids])
+    out = hf_model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=hf_model.config.eos_token_id,
+    )
+    return out[0, len(prompt_ids):].tolist()
+
+
+@torch.inference_mode()
+def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:
+    """[seq, vocab] logits of one sequence."""
+    return hf_model(torch.tensor([token_ids])).logits[0].float()
