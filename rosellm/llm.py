@@ -51,6 +51,15 @@ class LLM:
         [(output, params)] = self._make_requests([prompt], sampling_params)
         return (yield from self._run(output, params))
 
+    @torch.inference_mode()
+    def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Logits [seq, vocab_size] at every position of one sequence: what tests compare with
+        transformers. Every chapter keeps this working through its own forward path."""
+        self._check_prompt(0, list(token_ids))
+        input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, seq]
+        positions = torch.arange(len(token_ids), device=self.device)[None]  # [1, seq]
+        return self.model.compute_logits(self.model(input_ids, positions))[0]
+
     # --- the decode loop ----------------------------------------------------------------------------
 
     @torch.inference_mode()
