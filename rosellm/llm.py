@@ -1,4 +1,4 @@
-"""The `LLM` facade, chapter 01: one request at a time, recomputing the whole sequence every step."""
+"""The `LLM` facade, chapter 02: one request at a time, each with a KV cache (prefill, then decode)."""
 
 import itertools
 from collections.abc import Generator, Sequence
@@ -6,10 +6,10 @@ from collections.abc import Generator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .detokenizer import IncrementalDetokenizer
-from .loader import load_model
+from .engine import InferenceEngine
 from .outputs import RequestOutput
-from .sampling import SamplingParams, make_generator, sample
+from .sampling import SamplingParams
+from .session import InferenceSession
 
 Prompt = str | Sequence[int]
 
@@ -23,8 +23,8 @@ class LLM:
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
                  max_model_len: int | None = None):
-        self.device = torch.device(device)
-        self.model, self.tokenizer = load_model(model, self.device, dtype)
+        self.engine = InferenceEngine(model, device, dtype)
+        self.model, self.tokenizer = self.engine.model, self.engine.tokenizer
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
         if not 1 < self.max_model_len <= config.max_position_embeddings:
@@ -51,50 +51,21 @@ class LLM:
         [(output, params)] = self._make_requests([prompt], sampling_params)
         return (yield from self._run(output, params))
 
-    @torch.inference_mode()
     def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits [seq, vocab_size] at every position of one sequence: what tests compare with
         transformers. Every chapter keeps this working through its own forward path."""
         self._check_prompt(0, list(token_ids))
-        input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, seq]
-        positions = torch.arange(len(token_ids), device=self.device)[None]  # [1, seq]
-        return self.model.compute_logits(self.model(input_ids, positions))[0]
+        return self.engine.forward(list(token_ids), self.engine.new_cache(len(token_ids)))
 
     # --- the decode loop ----------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def _run(self, output: RequestOutput, params: SamplingParams) -> Generator[str, None, RequestOutput]:
-        generator = make_generator(params.seed, self.device)
-        detokenizer = IncrementalDetokenizer(self.tokenizer)
-        tokens = list(output.prompt_token_ids)
-        while output.finish_reason is None:
-            logits = self._next_token_logits(tokens)
-            token = sample(logits, params, generator)
-            tokens.append(token)
-            output.token_ids.append(token)
-            piece = detokenizer.add(token)
-            output.finish_reason = self._finish_reason(output, params, len(tokens))
-            if output.finish_reason is not None:
-                piece += detokenizer.flush()
-            output.text += piece
+        session = InferenceSession(self.engine, output, params, self.eos_token_ids, self.max_model_len)
+        while not session.finished:
+            piece = session.step()
             if piece:
                 yield piece
         return output
-
-    def _next_token_logits(self, tokens: list[int]) -> torch.Tensor:
-        """The naive step: run the model over the *whole* sequence to get the next token's logits."""
-        input_ids = torch.tensor([tokens], device=self.device)  # [1, seq]
-        positions = torch.arange(len(tokens), device=self.device)[None]  # [1, seq]
-        hidden = self.model(input_ids, positions)  # [1, seq, hidden]
-        return self.model.compute_logits(hidden[0, -1])  # [vocab]
-
-    def _finish_reason(self, output: RequestOutput, params: SamplingParams, seq_len: int) -> str | None:
-        last = output.token_ids[-1]
-        if last in params.stop_token_ids or (not params.ignore_eos and last in self.eos_token_ids):
-            return "stop"
-        if len(output.token_ids) >= params.max_tokens or seq_len >= self.max_model_len:
-            return "length"
-        return None
 
     # --- input checks -------------------------------------------------------------------------------
 

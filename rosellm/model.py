@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .kv_cache import KVCache
 
 
 class RMSNorm(nn.Module):
@@ -76,8 +77,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(nn.Module):
     """Grouped-query attention: `num_attention_heads` query heads share `num_key_value_heads` KV heads."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
+        self.layer_index = layer_index  # which layer of the KV cache is ours
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -87,17 +89,23 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                kv_cache: KVCache | None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # [batch, heads, seq, head_dim]
         q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if kv_cache is not None:
+            # Store this step's keys and values; attend over everything cached so far.
+            k, v = kv_cache.update(self.layer_index, k, v)  # [batch, kv_heads, cached + seq, head_dim]
         # Each KV head serves num_heads / num_kv_heads query heads.
         group = self.num_heads // self.num_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [batch, heads, seq, head_dim]
+        # A query at position p sees the keys at positions 0..p (the cache holds position i at index i).
+        causal = torch.arange(k.shape[2], device=x.device) <= positions[:, :, None]  # [batch, seq, keys]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal[:, None])  # [batch, heads, seq, head_dim]
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -116,15 +124,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, layer_index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                kv_cache: KVCache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -134,16 +143,19 @@ class LlamaModel(nn.Module):
         # Weights are always loaded, never trained: skip the random init (`_weight`).
         shape = (config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape))
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
         # input_ids, positions: [batch, seq] -> hidden states [batch, seq, hidden]
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, positions, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(input_ids.shape[1])
         return self.norm(x)
 
 
@@ -156,9 +168,11 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states [batch, seq, hidden] of every position."""
-        return self.model(input_ids, positions)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
+        """Hidden states [batch, seq, hidden] of every new position. With a `kv_cache`, the new tokens'
+        keys and values are appended to it and attention also covers the tokens cached before."""
+        return self.model(input_ids, positions, kv_cache)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab_size] in fp32."""
