@@ -4,5 +4,5 @@ from .llm import LLM
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "02_kv_cache"
+__chapter__ = "03_batch_decode"
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -1,4 +1,4 @@
-"""The `LLM` facade, chapter 02: one request at a time, each with a KV cache (prefill, then decode)."""
+"""The `LLM` facade, chapter 03: many requests decoded together by an offline scheduler."""
 
 import itertools
 from collections.abc import Generator, Sequence
@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 from .engine import InferenceEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
+from .scheduler import OfflineScheduler
 from .session import InferenceSession
 
 Prompt = str | Sequence[int]
@@ -19,10 +20,11 @@ class LLM:
 
     model: None (the bundled SmolLM2-135M-Instruct), a `.gguf` file, or a Hugging Face folder.
     max_model_len: the longest sequence (prompt + generated tokens); defaults to the model's context.
+    max_batch_size: how many requests decode together.
     """
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, max_batch_size: int = 32):
         self.engine = InferenceEngine(model, device, dtype)
         self.model, self.tokenizer = self.engine.model, self.engine.tokenizer
         config = self.model.config
@@ -32,16 +34,20 @@ class LLM:
         eos = config.eos_token_ids or (self.tokenizer.eos_token_id,)
         self.eos_token_ids = {t for t in eos if t is not None}
         self._request_ids = itertools.count()
+        self.scheduler = OfflineScheduler(self.engine, max_batch_size)
 
     # --- public API -----------------------------------------------------------------------------------
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params=None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in input order."""
+        """Generate for every prompt, batched; outputs come back in input order."""
         requests = self._make_requests(prompts, sampling_params)
-        for output, params in tqdm(requests, desc="generate", disable=not use_tqdm):
-            for _ in self._run(output, params):
-                pass
+        for output, params in requests:
+            self.scheduler.add_request(self._new_session(output, params))
+        with tqdm(total=len(requests), desc="generate", disable=not use_tqdm) as progress:
+            while self.scheduler.has_unfinished_requests():
+                finished = sum(session.finished for session, _ in self.scheduler.step())
+                progress.update(finished)
         return [output for output, _ in requests]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None
@@ -49,23 +55,24 @@ class LLM:
         """Generate for one prompt, yielding text pieces as soon as they are complete characters.
         The generator's return value (`StopIteration.value`) is the finished `RequestOutput`."""
         [(output, params)] = self._make_requests([prompt], sampling_params)
-        return (yield from self._run(output, params))
+        session = self._new_session(output, params)
+        self.scheduler.add_request(session)
+        while not session.finished:
+            for stepped, piece in self.scheduler.step():
+                if stepped is session and piece:
+                    yield piece
+        return output
 
+    @torch.inference_mode()
     def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits [seq, vocab_size] at every position of one sequence: what tests compare with
         transformers. Every chapter keeps this working through its own forward path."""
         self._check_prompt(0, list(token_ids))
-        return self.engine.forward(list(token_ids), self.engine.new_cache(len(token_ids)))
+        hidden = self.engine.forward([list(token_ids)], [self.engine.new_cache(len(token_ids))])
+        return self.model.compute_logits(hidden[0])
 
-    # --- the decode loop ----------------------------------------------------------------------------
-
-    def _run(self, output: RequestOutput, params: SamplingParams) -> Generator[str, None, RequestOutput]:
-        session = InferenceSession(self.engine, output, params, self.eos_token_ids, self.max_model_len)
-        while not session.finished:
-            piece = session.step()
-            if piece:
-                yield piece
-        return output
+    def _new_session(self, output: RequestOutput, params: SamplingParams) -> InferenceSession:
+        return InferenceSession(self.engine, output, params, self.eos_token_ids, self.max_model_len)
 
     # --- input checks -------------------------------------------------------------------------------
 

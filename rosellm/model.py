@@ -89,7 +89,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: torch.Tensor,
                 kv_cache: KVCache | None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # [batch, heads, seq, head_dim]
@@ -103,9 +103,8 @@ class Attention(nn.Module):
         # Each KV head serves num_heads / num_kv_heads query heads.
         group = self.num_heads // self.num_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        # A query at position p sees the keys at positions 0..p (the cache holds position i at index i).
-        causal = torch.arange(k.shape[2], device=x.device) <= positions[:, :, None]  # [batch, seq, keys]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal[:, None])  # [batch, heads, seq, head_dim]
+        # attention_mask: [batch, seq, keys], True where a query may look at a key.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None])  # [batch, heads, seq, head_dim]
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -131,9 +130,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: torch.Tensor,
                 kv_cache: KVCache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention_mask, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -147,13 +146,13 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
                 kv_cache: KVCache | None = None) -> torch.Tensor:
-        # input_ids, positions: [batch, seq] -> hidden states [batch, seq, hidden]
+        # input_ids, positions: [batch, seq]; attention_mask: [batch, seq, keys] -> [batch, seq, hidden]
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions)
         for layer in self.layers:
-            x = layer(x, cos, sin, positions, kv_cache)
+            x = layer(x, cos, sin, attention_mask, kv_cache)
         if kv_cache is not None:
             kv_cache.advance(input_ids.shape[1])
         return self.norm(x)
@@ -168,11 +167,12 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
                 kv_cache: KVCache | None = None) -> torch.Tensor:
         """Hidden states [batch, seq, hidden] of every new position. With a `kv_cache`, the new tokens'
-        keys and values are appended to it and attention also covers the tokens cached before."""
-        return self.model(input_ids, positions, kv_cache)
+        keys and values are appended to it and attention also covers the tokens cached before;
+        `attention_mask` says which of those keys each query may see."""
+        return self.model(input_ids, positions, attention_mask, kv_cache)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab_size] in fp32."""

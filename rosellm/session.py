@@ -1,5 +1,7 @@
 """One request in flight: its tokens, its KV cache, its sampling state and its output."""
 
+import torch
+
 from .detokenizer import IncrementalDetokenizer
 from .engine import InferenceEngine
 from .outputs import RequestOutput
@@ -9,7 +11,6 @@ from .sampling import SamplingParams, make_generator, sample
 class InferenceSession:
     def __init__(self, engine: InferenceEngine, output: RequestOutput, params: SamplingParams,
                  eos_token_ids: set[int], max_model_len: int):
-        self.engine = engine
         self.output = output
         self.params = params
         self.eos_token_ids = eos_token_ids
@@ -22,12 +23,15 @@ class InferenceSession:
         self.pending = list(output.prompt_token_ids)  # tokens not yet in the cache
 
     @property
+    def request_id(self) -> str:
+        return self.output.request_id
+
+    @property
     def finished(self) -> bool:
         return self.output.finish_reason is not None
 
-    def step(self) -> str:
-        """Prefill (the first call) or decode one token; return the new text."""
-        logits = self.engine.forward(self.pending, self.cache)[-1]  # [vocab]
+    def append_token(self, logits: torch.Tensor) -> str:
+        """Sample the next token from this request's logits [vocab]; return the new text."""
         token = sample(logits, self.params, self.generator)
         self.pending = [token]
         self.output.token_ids.append(token)

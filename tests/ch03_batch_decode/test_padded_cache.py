@@ -1,0 +1,14 @@
+"""The padded merge of contiguous caches (chapter 05 replaces the caches with a paged pool)."""
+
+from tests.ch03_batch_decode.test_offline_scheduler import add, greedy, llm  # noqa: F401 (fixture)
+
+LAST_CHAPTER = 4
+
+
+def test_padded_batch_cache_masks_and_splits(checkpoint, llm):
+    """Rows of different lengths: each cache grows by its own row's count, never by the padding."""
+    sessions = [add(llm, list(range(10, 10 + n)), greedy(checkpoint, 3)) for n in (2, 7)]
+    llm.scheduler.step()
+    assert [s.cache.length for s in sessions] == [2, 7]
+    llm.scheduler.step()
+    assert [s.cache.length for s in sessions] == [3, 8]
