@@ -1,4 +1,4 @@
-"""The `LLM` facade, chapter 03: many requests decoded together by an offline scheduler."""
+"""The `LLM` facade, chapter 04: batched decoding, with KV block bookkeeping beside the caches."""
 
 import itertools
 from collections.abc import Generator, Sequence
@@ -6,6 +6,7 @@ from collections.abc import Generator, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .block_manager import BlockManager
 from .engine import InferenceEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
@@ -21,10 +22,13 @@ class LLM:
     model: None (the bundled SmolLM2-135M-Instruct), a `.gguf` file, or a Hugging Face folder.
     max_model_len: the longest sequence (prompt + generated tokens); defaults to the model's context.
     max_batch_size: how many requests decode together.
+    block_size: KV slots per block; num_kv_blocks: blocks in the pool (default: enough for
+    max_batch_size sequences of max_model_len tokens).
     """
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
-                 max_model_len: int | None = None, max_batch_size: int = 32):
+                 max_model_len: int | None = None, max_batch_size: int = 32, block_size: int = 16,
+                 num_kv_blocks: int | None = None):
         self.engine = InferenceEngine(model, device, dtype)
         self.model, self.tokenizer = self.engine.model, self.engine.tokenizer
         config = self.model.config
@@ -34,7 +38,9 @@ class LLM:
         eos = config.eos_token_ids or (self.tokenizer.eos_token_id,)
         self.eos_token_ids = {t for t in eos if t is not None}
         self._request_ids = itertools.count()
-        self.scheduler = OfflineScheduler(self.engine, max_batch_size)
+        blocks_per_seq = -(-self.max_model_len // block_size)
+        self.block_manager = BlockManager(num_kv_blocks or max_batch_size * blocks_per_seq, block_size)
+        self.scheduler = OfflineScheduler(self.engine, max_batch_size, self.block_manager)
 
     # --- public API -----------------------------------------------------------------------------------
 
@@ -89,6 +95,7 @@ class LLM:
         for index, (prompt, params) in enumerate(zip(prompts, sampling_params)):
             token_ids = self._tokenize(prompt)
             self._check_prompt(index, token_ids)
+            self._check_fits_pool(index, len(token_ids) + params.max_tokens)
             text = prompt if isinstance(prompt, str) else None
             output = RequestOutput(str(next(self._request_ids)), text, token_ids)
             requests.append((output, params))
@@ -110,6 +117,16 @@ class LLM:
         vocab = self.model.config.vocab_size
         if not all(0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt {index} has token ids outside [0, {vocab})")
+
+    def _check_fits_pool(self, index: int, longest: int) -> None:
+        """A request whose longest sequence needs more blocks than the whole pool could never run."""
+        kv_tokens = min(longest, self.max_model_len) - 1  # the last token is never cached
+        needed = self.block_manager.blocks_needed(kv_tokens)
+        if needed > self.block_manager.num_total_blocks:
+            raise ValueError(
+                f"prompt {index} with max_tokens needs {needed} KV blocks of {self.block_manager.block_size} "
+                f"tokens, the pool has only num_kv_blocks={self.block_manager.num_total_blocks}"
+            )
 
 
 def normalize_prompts(prompts) -> list[Prompt]:
