@@ -4,5 +4,5 @@ from .llm import LLM
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "04_kv_block_manager"
+__chapter__ = "05_paged_attention"
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -1,4 +1,4 @@
-"""The `LLM` facade, chapter 04: batched decoding, with KV block bookkeeping beside the caches."""
+"""The `LLM` facade, chapter 05: batched decoding on a paged KV cache."""
 
 import itertools
 from collections.abc import Generator, Sequence
@@ -22,13 +22,13 @@ class LLM:
     model: None (the bundled SmolLM2-135M-Instruct), a `.gguf` file, or a Hugging Face folder.
     max_model_len: the longest sequence (prompt + generated tokens); defaults to the model's context.
     max_batch_size: how many requests decode together.
-    block_size: KV slots per block; num_kv_blocks: blocks in the pool (default: enough for
-    max_batch_size sequences of max_model_len tokens).
+    block_size: KV slots per block. num_kv_blocks: blocks in the pool; when not given, as many as
+    `kv_cache_memory` bytes hold, but no more than max_batch_size sequences of max_model_len tokens need.
     """
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
                  max_model_len: int | None = None, max_batch_size: int = 32, block_size: int = 16,
-                 num_kv_blocks: int | None = None):
+                 num_kv_blocks: int | None = None, kv_cache_memory: int = 1 << 30):
         self.engine = InferenceEngine(model, device, dtype)
         self.model, self.tokenizer = self.engine.model, self.engine.tokenizer
         config = self.model.config
@@ -38,8 +38,12 @@ class LLM:
         eos = config.eos_token_ids or (self.tokenizer.eos_token_id,)
         self.eos_token_ids = {t for t in eos if t is not None}
         self._request_ids = itertools.count()
-        blocks_per_seq = -(-self.max_model_len // block_size)
-        self.block_manager = BlockManager(num_kv_blocks or max_batch_size * blocks_per_seq, block_size)
+        if num_kv_blocks is None:
+            blocks_per_seq = -(-self.max_model_len // block_size)
+            affordable = kv_cache_memory // (block_size * self.engine.bytes_per_token())
+            num_kv_blocks = min(affordable, max_batch_size * blocks_per_seq)
+        self.block_manager = BlockManager(num_kv_blocks, block_size)
+        self.engine.allocate_kv_pool(num_kv_blocks, block_size)
         self.scheduler = OfflineScheduler(self.engine, max_batch_size, self.block_manager)
 
     # --- public API -----------------------------------------------------------------------------------
@@ -73,9 +77,16 @@ class LLM:
     def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits [seq, vocab_size] at every position of one sequence: what tests compare with
         transformers. Every chapter keeps this working through its own forward path."""
-        self._check_prompt(0, list(token_ids))
-        hidden = self.engine.forward([list(token_ids)], [self.engine.new_cache(len(token_ids))])
-        return self.model.compute_logits(hidden[0])
+        token_ids = list(token_ids)
+        self._check_prompt(0, token_ids)
+        self._check_fits_pool(0, len(token_ids) + 1)
+        blocks = self.block_manager.allocate("prompt_logits", len(token_ids))
+        try:
+            table = torch.tensor([blocks], dtype=torch.int32)
+            hidden = self.engine.forward([token_ids], [len(token_ids)], table)
+        finally:
+            self.block_manager.free("prompt_logits")
+        return self.model.compute_logits(hidden)
 
     def _new_session(self, output: RequestOutput, params: SamplingParams) -> InferenceSession:
         return InferenceSession(self.engine, output, params, self.eos_token_ids, self.max_model_len)

@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention_metadata import AttentionMetadata
 from .config import ModelConfig
-from .kv_cache import KVCache
+from .kv_pool import KVPool
+from .paged_attention import paged_attention, store_kv
 
 
 class RMSNorm(nn.Module):
@@ -57,7 +59,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [..., seq] -> cos, sin: [..., seq, head_dim]
+        # positions: [num_tokens] -> cos, sin: [num_tokens, head_dim]
         angles = positions[..., None].float() * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1)
         return angles.cos(), angles.sin()
@@ -69,7 +71,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [batch, heads, seq, head_dim]; cos, sin: [batch, seq, head_dim]
+    # x: [num_tokens, heads, head_dim]; cos, sin: [num_tokens, head_dim]
     cos, sin = cos[:, None], sin[:, None]
     return (x.float() * cos + rotate_half(x.float()) * sin).to(x.dtype)
 
@@ -89,23 +91,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: torch.Tensor,
-                kv_cache: KVCache | None) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        # [batch, heads, seq, head_dim]
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata,
+                kv_pool: KVPool) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        # [num_tokens, heads, head_dim]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if kv_cache is not None:
-            # Store this step's keys and values; attend over everything cached so far.
-            k, v = kv_cache.update(self.layer_index, k, v)  # [batch, kv_heads, cached + seq, head_dim]
-        # Each KV head serves num_heads / num_kv_heads query heads.
-        group = self.num_heads // self.num_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        # attention_mask: [batch, seq, keys], True where a query may look at a key.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None])  # [batch, heads, seq, head_dim]
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        key_cache, value_cache = kv_pool.layer(self.layer_index)
+        store_kv(k, v, key_cache, value_cache, metadata.slot_mapping)  # write through the slot mapping
+        out = paged_attention(q, key_cache, value_cache, metadata)  # read through the block tables
+        return self.o_proj(out.reshape(num_tokens, -1))
 
 
 class MLP(nn.Module):
@@ -130,9 +127,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: torch.Tensor,
-                kv_cache: KVCache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention_mask, kv_cache)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata,
+                kv_pool: KVPool) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata, kv_pool)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -146,15 +143,12 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
-        # input_ids, positions: [batch, seq]; attention_mask: [batch, seq, keys] -> [batch, seq, hidden]
+    def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool) -> torch.Tensor:
+        # input_ids: [num_tokens] (every sequence's new tokens, end to end) -> [num_tokens, hidden]
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(positions)
+        cos, sin = self.rotary_emb(metadata.positions)
         for layer in self.layers:
-            x = layer(x, cos, sin, attention_mask, kv_cache)
-        if kv_cache is not None:
-            kv_cache.advance(input_ids.shape[1])
+            x = layer(x, cos, sin, metadata, kv_pool)
         return self.norm(x)
 
 
@@ -167,12 +161,11 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
-        """Hidden states [batch, seq, hidden] of every new position. With a `kv_cache`, the new tokens'
-        keys and values are appended to it and attention also covers the tokens cached before;
-        `attention_mask` says which of those keys each query may see."""
-        return self.model(input_ids, positions, attention_mask, kv_cache)
+    def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] of the new tokens. Their keys and values are stored in
+        `kv_pool` at `metadata.slot_mapping`, and each attends to its sequence's cached tokens, read
+        through `metadata.block_tables`."""
+        return self.model(input_ids, metadata, kv_pool)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab_size] in fp32."""

@@ -1,7 +1,7 @@
 """The offline scheduler: runs sessions in batches; a request may join at any step.
 
-From chapter 04 on it also keeps the KV block bookkeeping: a block table per sequence in a
-`BlockManager`, the batch's lengths and block tables in a `BatchState`.
+It keeps the KV block bookkeeping (a block table per sequence in a `BlockManager`, the batch's lengths
+and block tables in a `BatchState`), and from chapter 05 on that bookkeeping IS the cache's layout.
 """
 
 from collections import deque
@@ -15,9 +15,9 @@ from .session import InferenceSession
 class OfflineScheduler:
     """Each `step()` advances every running session by one token.
 
-    Sessions that joined since the last step are prefilled together (one padded batch of prompts);
-    the others decode together (one padded batch of single tokens). Finished sessions leave the batch
-    at once, and waiting ones take their places, up to `max_batch_size`, first come first served.
+    Sessions that joined since the last step are prefilled and the others decode, all in one forward
+    (the new tokens laid end to end, no padding). Finished sessions leave the batch and free their
+    blocks at once, and waiting ones take their places, up to `max_batch_size`, first come first served.
 
     A session is admitted only when the blocks for its longest possible sequence (prompt + max_tokens)
     are free beyond what the running sessions may still claim, so a running session never runs out
@@ -42,18 +42,15 @@ class OfflineScheduler:
 
     def step(self) -> list[tuple[InferenceSession, str]]:
         """One token for every running session; returns (session, new text) for each of them."""
-        decoding = list(self.running)
-        for session in decoding:  # a slot for the token each one is about to feed the model
+        for session in self.running:  # a slot for the token each one is about to feed the model
             new_block = self.block_manager.append_slot(session.request_id)
             self.batch.append_token(session.request_id, new_block)
-        joining = []
         while self.waiting and len(self.running) < self.max_batch_size and self._fits(self.waiting[0]):
-            joining.append(self.waiting.popleft())
-            self.running.append(joining[-1])
-            blocks = self.block_manager.allocate(joining[-1].request_id, len(joining[-1].pending))
-            self.batch.add(joining[-1].request_id, len(joining[-1].pending), blocks)
-        outputs = [(session, piece) for group in (joining, decoding) for session, piece in self._advance(group)]
-        self._check_bookkeeping()
+            session = self.waiting.popleft()
+            self.running.append(session)
+            blocks = self.block_manager.allocate(session.request_id, len(session.pending))
+            self.batch.add(session.request_id, len(session.pending), blocks)
+        outputs = self._advance(self.running)
         for session in [s for s in self.running if s.finished]:
             self.block_manager.free(session.request_id)
             self.batch.remove(session.request_id)
@@ -63,23 +60,17 @@ class OfflineScheduler:
     def _fits(self, session: InferenceSession) -> bool:
         manager = self.block_manager
         still_claimable = sum(
-            manager.blocks_needed(s.cache.capacity) - len(manager.block_tables[s.request_id]) for s in self.running
+            manager.blocks_needed(s.max_kv_tokens) - len(manager.block_tables[s.request_id]) for s in self.running
         )
-        return manager.blocks_needed(session.cache.capacity) <= manager.num_free_blocks - still_claimable
+        return manager.blocks_needed(session.max_kv_tokens) <= manager.num_free_blocks - still_claimable
 
     def _advance(self, sessions: list[InferenceSession]) -> list[tuple[InferenceSession, str]]:
+        """One forward for the whole batch (its rows are the running sessions, in order)."""
         if not sessions:
             return []
         token_lists = [session.pending for session in sessions]
-        hidden = self.engine.forward(token_lists, [session.cache for session in sessions])
+        size = self.batch.size
+        seq_lens = self.batch.seq_lens[:size].tolist()
+        hidden = self.engine.forward(token_lists, seq_lens, self.batch.block_tables[:size])
         logits = self.engine.last_token_logits(hidden, token_lists)  # [batch, vocab]
         return [(session, session.append_token(row)) for session, row in zip(sessions, logits)]
-
-    def _check_bookkeeping(self) -> None:
-        """The block tables must describe exactly what the real caches hold."""
-        manager = self.block_manager
-        assert self.batch.seq_ids == [s.request_id for s in self.running]
-        for row, session in enumerate(self.running):
-            length = session.cache.length
-            assert manager.num_tokens[session.request_id] == length == int(self.batch.seq_lens[row])
-            assert len(manager.block_tables[session.request_id]) == manager.blocks_needed(length)

@@ -1,4 +1,4 @@
-"""One request in flight: its tokens, its KV cache, its sampling state and its output."""
+"""One request in flight: its tokens, its sampling state and its output. Its KV lives in the pool."""
 
 import torch
 
@@ -15,9 +15,8 @@ class InferenceSession:
         self.params = params
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
-        # The cache holds every token but the last generated one: at most max_model_len - 1.
-        capacity = min(len(output.prompt_token_ids) + params.max_tokens, max_model_len) - 1
-        self.cache = engine.new_cache(capacity)
+        # The cache holds every token but the last generated one: at most this many.
+        self.max_kv_tokens = min(len(output.prompt_token_ids) + params.max_tokens, max_model_len) - 1
         self.generator = make_generator(params.seed, engine.device)
         self.detokenizer = IncrementalDetokenizer(engine.tokenizer)
         self.pending = list(output.prompt_token_ids)  # tokens not yet in the cache

@@ -1,0 +1,86 @@
+"""The engine on the paged pool: exact greedy output with blocks reused across requests, sized pools."""
+
+import pytest
+
+from tests.ch03_batch_decode.test_batch_generate import MIXED_PROMPTS
+from tests.oracle import hf_greedy
+
+
+def record_block_owners(llm) -> dict[int, set[str]]:
+    """Which sequences each block id was handed to over the run."""
+    owners: dict[int, set[str]] = {}
+    manager = llm.block_manager
+    allocate, append_slot = manager.allocate, manager.append_slot
+
+    def recording_allocate(seq_id, num_tokens):
+        table = allocate(seq_id, num_tokens)
+        for block in table:
+            owners.setdefault(block, set()).add(seq_id)
+        return table
+
+    def recording_append_slot(seq_id):
+        block = append_slot(seq_id)
+        if block is not None:
+            owners.setdefault(block, set()).add(seq_id)
+        return block
+
+    manager.allocate, manager.append_slot = recording_allocate, recording_append_slot
+    return owners
+
+
+def test_small_pool_reuses_blocks_and_stays_exact(checkpoint, tiny_model_dirs, tiny_hf_models):
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=4, num_kv_blocks=14)
+    owners = record_block_owners(llm)
+    outputs = llm.generate(MIXED_PROMPTS, checkpoint.SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+    for prompt, output in zip(MIXED_PROMPTS, outputs):
+        assert output.token_ids == hf_greedy(tiny_hf_models["gqa"], prompt, 16)
+    assert any(len(seqs) > 1 for seqs in owners.values()), "no block was reused"
+    assert llm.block_manager.num_free_blocks == 14
+
+
+def test_admission_waits_for_free_blocks(checkpoint, tiny_model_dirs):
+    """A pool with room for one request at a time runs them one at a time, all to completion."""
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=4, num_kv_blocks=5)  # 20 slots
+    prompts = [list(range(10, 20))] * 3  # 10 prompt + 8 new - 1 = 17 slots: 5 blocks each
+    running_sizes = []
+    step = llm.scheduler.step
+
+    def counting_step():
+        outputs = step()
+        running_sizes.append(len(outputs))
+        return outputs
+
+    llm.scheduler.step = counting_step
+    outputs = llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                           use_tqdm=False)
+    assert max(running_sizes) == 1 and all(len(o.token_ids) == 8 for o in outputs)
+    assert outputs[0].token_ids == outputs[1].token_ids == outputs[2].token_ids
+
+
+def test_pool_size_from_a_memory_budget(checkpoint, tiny_model_dirs):
+    probe = checkpoint.LLM(str(tiny_model_dirs["gqa"]), num_kv_blocks=1)
+    per_token = probe.engine.bytes_per_token()
+    # tiny model: 2 (K, V) x 2 layers x 2 KV heads x 16 dims x 4 bytes
+    assert per_token == 2 * 2 * 2 * 16 * 4
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=8, kv_cache_memory=100 * 8 * per_token)
+    assert llm.block_manager.num_total_blocks == 100
+    assert tuple(llm.engine.kv_pool.keys.shape) == (2, 100, 8, 2, 16)
+
+
+def test_default_pool_is_capped_by_what_the_batch_can_use(checkpoint, tiny_model_dirs):
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=16, max_batch_size=4)
+    assert llm.block_manager.num_total_blocks == 4 * (256 // 16)  # max_model_len 256
+
+
+@pytest.mark.model
+def test_smollm2_on_a_small_pool_matches_transformers(checkpoint, smollm2_hf, smollm2_path):
+    llm = checkpoint.LLM(block_size=16, num_kv_blocks=7)  # one request (5 blocks) at a time
+    questions = ["What is the capital of France?", "Name two planets.", "What is a noun?"]
+    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                 add_generation_prompt=True) for q in questions]
+    owners = record_block_owners(llm)
+    outputs = llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
+    for output in outputs:
+        assert output.token_ids == hf_greedy(smollm2_hf, output.prompt_token_ids, 32)
+    assert any(len(seqs) > 1 for seqs in owners.values())
+    assert llm.block_manager.num_free_blocks == 7
