@@ -4,5 +4,5 @@ from .llm import LLM
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "05_paged_attention"
+__chapter__ = "06_triton_kernels"
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]
