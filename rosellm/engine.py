@@ -3,15 +3,19 @@ of requests: sequences reach it as token lists, lengths and block tables."""
 
 import torch
 
+from .attention_backend import get_attention_backend
 from .attention_metadata import AttentionMetadata
 from .kv_pool import KVPool
 from .loader import load_model
 
 
 class InferenceEngine:
-    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None):
+    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
+                 attention_backend: str | None = None):
         self.device = torch.device(device)
+        self.attention_backend = get_attention_backend(attention_backend, self.device)
         self.model, self.tokenizer = load_model(model, self.device, dtype)
+        self.model.set_attention_backend(self.attention_backend)
         self.config = self.model.config
         self.dtype = self.model.lm_head.weight.dtype
         self.kv_pool: KVPool | None = None

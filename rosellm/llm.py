@@ -1,4 +1,4 @@
-"""The `LLM` facade, chapter 05: batched decoding on a paged KV cache."""
+"""The `LLM` facade, chapter 06: batched decoding on a paged KV cache, with PyTorch or Triton attention."""
 
 import itertools
 from collections.abc import Generator, Sequence
@@ -24,12 +24,15 @@ class LLM:
     max_batch_size: how many requests decode together.
     block_size: KV slots per block. num_kv_blocks: blocks in the pool; when not given, as many as
     `kv_cache_memory` bytes hold, but no more than max_batch_size sequences of max_model_len tokens need.
+    attention_backend: "torch" (the PyTorch reference) or "triton" (the kernels); None: "triton" on CUDA,
+    "torch" elsewhere.
     """
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
                  max_model_len: int | None = None, max_batch_size: int = 32, block_size: int = 16,
-                 num_kv_blocks: int | None = None, kv_cache_memory: int = 1 << 30):
-        self.engine = InferenceEngine(model, device, dtype)
+                 num_kv_blocks: int | None = None, kv_cache_memory: int = 1 << 30,
+                 attention_backend: str | None = None):
+        self.engine = InferenceEngine(model, device, dtype, attention_backend)
         self.model, self.tokenizer = self.engine.model, self.engine.tokenizer
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings

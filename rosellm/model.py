@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention_backend import TORCH_BACKEND, AttentionBackend
 from .attention_metadata import AttentionMetadata
 from .config import ModelConfig
 from .kv_pool import KVPool
-from .paged_attention import paged_attention, store_kv
 
 
 class RMSNorm(nn.Module):
@@ -90,6 +90,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        self.backend = TORCH_BACKEND  # whose store_kv and paged_attention run: PyTorch's or Triton's
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata,
                 kv_pool: KVPool) -> torch.Tensor:
@@ -100,8 +101,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         key_cache, value_cache = kv_pool.layer(self.layer_index)
-        store_kv(k, v, key_cache, value_cache, metadata.slot_mapping)  # write through the slot mapping
-        out = paged_attention(q, key_cache, value_cache, metadata)  # read through the block tables
+        self.backend.store_kv(k, v, key_cache, value_cache, metadata.slot_mapping)  # write through the slot mapping
+        out = self.backend.paged_attention(q, key_cache, value_cache, metadata)  # read through the block tables
         return self.o_proj(out.reshape(num_tokens, -1))
 
 
@@ -166,6 +167,10 @@ class LlamaForCausalLM(nn.Module):
         `kv_pool` at `metadata.slot_mapping`, and each attends to its sequence's cached tokens, read
         through `metadata.block_tables`."""
         return self.model(input_ids, metadata, kv_pool)
+
+    def set_attention_backend(self, backend: AttentionBackend) -> None:
+        for layer in self.model.layers:
+            layer.self_attn.backend = backend
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab_size] in fp32."""
