@@ -1,0 +1,8 @@
+"""rosellm: an LLM inference engine built from scratch, one chapter at a time."""
+
+from .llm import LLM
+from .outputs import RequestOutput
+from .sampling import SamplingParams
+
+__chapter__ = "06_triton_kernels"
+__all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -1,0 +1,73 @@
+"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, per-request seeds."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token. `temperature=0` means greedy."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1.0: no top-p filter
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits of each row, set the rest to -inf. logits: [batch, vocab]."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth_largest = logits.topk(k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability sums to at least p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    # A token is dropped when the tokens ranked above it already reach p.
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = mass_before >= p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator | None:
+    """A private random stream for a seeded request; None means the global one."""
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
+    """One token id from one row of logits: [vocab_size]."""
+    if params.greedy:
+        return int(logits.argmax())
+    logits = logits.float() / params.temperature
+    logits = apply_top_p(apply_top_k(logits[None], params.top_k), params.top_p)[0]
+    probs = logits.softmax(dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
