@@ -1,8 +1,9 @@
 """rosellm: an LLM inference engine built from scratch, one chapter at a time."""
 
 from .llm import LLM
+from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "06_triton_kernels"
-__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+__chapter__ = "07_continuous_batching"
+__all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

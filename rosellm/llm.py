@@ -1,146 +1,76 @@
-"""The `LLM` facade, chapter 06: batched decoding on a paged KV cache, with PyTorch or Triton attention."""
+"""The `LLM` facade, chapter 07: offline generation on top of the step-level `LLMEngine`."""
 
-import itertools
 from collections.abc import Generator, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from .block_manager import BlockManager
-from .engine import InferenceEngine
+from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
-from .scheduler import OfflineScheduler
-from .session import InferenceSession
 
 Prompt = str | Sequence[int]
 
 
 class LLM:
-    """Load a model and generate text.
+    """Load a model and generate text. `engine_options` go to `LLMEngine` (max_model_len, max_num_seqs,
+    max_num_batched_tokens, block_size, num_kv_blocks, kv_cache_memory, watermark, attention_backend)."""
 
-    model: None (the bundled SmolLM2-135M-Instruct), a `.gguf` file, or a Hugging Face folder.
-    max_model_len: the longest sequence (prompt + generated tokens); defaults to the model's context.
-    max_batch_size: how many requests decode together.
-    block_size: KV slots per block. num_kv_blocks: blocks in the pool; when not given, as many as
-    `kv_cache_memory` bytes hold, but no more than max_batch_size sequences of max_model_len tokens need.
-    attention_backend: "torch" (the PyTorch reference) or "triton" (the kernels); None: "triton" on CUDA,
-    "torch" elsewhere.
-    """
-
-    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
-                 max_model_len: int | None = None, max_batch_size: int = 32, block_size: int = 16,
-                 num_kv_blocks: int | None = None, kv_cache_memory: int = 1 << 30,
-                 attention_backend: str | None = None):
-        self.engine = InferenceEngine(model, device, dtype, attention_backend)
-        self.model, self.tokenizer = self.engine.model, self.engine.tokenizer
-        config = self.model.config
-        self.max_model_len = max_model_len or config.max_position_embeddings
-        if not 1 < self.max_model_len <= config.max_position_embeddings:
-            raise ValueError(f"max_model_len must be in [2, {config.max_position_embeddings}], got {max_model_len}")
-        eos = config.eos_token_ids or (self.tokenizer.eos_token_id,)
-        self.eos_token_ids = {t for t in eos if t is not None}
-        self._request_ids = itertools.count()
-        if num_kv_blocks is None:
-            blocks_per_seq = -(-self.max_model_len // block_size)
-            affordable = kv_cache_memory // (block_size * self.engine.bytes_per_token())
-            num_kv_blocks = min(affordable, max_batch_size * blocks_per_seq)
-        self.block_manager = BlockManager(num_kv_blocks, block_size)
-        self.engine.allocate_kv_pool(num_kv_blocks, block_size)
-        self.scheduler = OfflineScheduler(self.engine, max_batch_size, self.block_manager)
-
-    # --- public API -----------------------------------------------------------------------------------
+    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
+        self.llm_engine = LLMEngine(model, device, dtype, **engine_options)
+        self.model, self.tokenizer = self.llm_engine.model, self.llm_engine.tokenizer
+        self.eos_token_ids = self.llm_engine.eos_token_ids
+        self.block_manager = self.llm_engine.block_manager
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params=None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt, batched; outputs come back in input order."""
-        requests = self._make_requests(prompts, sampling_params)
-        for output, params in requests:
-            self.scheduler.add_request(self._new_session(output, params))
-        with tqdm(total=len(requests), desc="generate", disable=not use_tqdm) as progress:
-            while self.scheduler.has_unfinished_requests():
-                finished = sum(session.finished for session, _ in self.scheduler.step())
-                progress.update(finished)
-        return [output for output, _ in requests]
+        """Generate for every prompt, continuously batched; outputs come back in input order."""
+        request_ids = self._add_requests(prompts, sampling_params)
+        outputs = {}
+        with tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm) as progress:
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    if output.finished:
+                        outputs[output.request_id] = output
+                        progress.update(1)
+        return [outputs[request_id] for request_id in request_ids]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None
                ) -> Generator[str, None, RequestOutput]:
         """Generate for one prompt, yielding text pieces as soon as they are complete characters.
         The generator's return value (`StopIteration.value`) is the finished `RequestOutput`."""
-        [(output, params)] = self._make_requests([prompt], sampling_params)
-        session = self._new_session(output, params)
-        self.scheduler.add_request(session)
-        while not session.finished:
-            for stepped, piece in self.scheduler.step():
-                if stepped is session and piece:
-                    yield piece
-        return output
+        [request_id] = self._add_requests([prompt], sampling_params)
+        emitted = 0
+        while True:
+            for output in self.llm_engine.step():
+                if output.request_id == request_id:
+                    if len(output.text) > emitted:
+                        yield output.text[emitted:]
+                        emitted = len(output.text)
+                    if output.finished:
+                        return output
 
-    @torch.inference_mode()
     def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits [seq, vocab_size] at every position of one sequence: what tests compare with
         transformers. Every chapter keeps this working through its own forward path."""
-        token_ids = list(token_ids)
-        self._check_prompt(0, token_ids)
-        self._check_fits_pool(0, len(token_ids) + 1)
-        blocks = self.block_manager.allocate("prompt_logits", len(token_ids))
-        try:
-            table = torch.tensor([blocks], dtype=torch.int32)
-            hidden = self.engine.forward([token_ids], [len(token_ids)], table)
-        finally:
-            self.block_manager.free("prompt_logits")
-        return self.model.compute_logits(hidden)
+        return self.llm_engine.prompt_logits(list(token_ids))
 
-    def _new_session(self, output: RequestOutput, params: SamplingParams) -> InferenceSession:
-        return InferenceSession(self.engine, output, params, self.eos_token_ids, self.max_model_len)
-
-    # --- input checks -------------------------------------------------------------------------------
-
-    def _make_requests(self, prompts, sampling_params) -> list[tuple[RequestOutput, SamplingParams]]:
-        """Validate everything before any work starts, so bad input never leaves half-done state."""
+    def _add_requests(self, prompts, sampling_params) -> list[str]:
+        """Queue every prompt, or none: bad input anywhere raises before any work starts."""
         prompts = normalize_prompts(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
-        requests = []
-        for index, (prompt, params) in enumerate(zip(prompts, sampling_params)):
-            token_ids = self._tokenize(prompt)
-            self._check_prompt(index, token_ids)
-            self._check_fits_pool(index, len(token_ids) + params.max_tokens)
-            text = prompt if isinstance(prompt, str) else None
-            output = RequestOutput(str(next(self._request_ids)), text, token_ids)
-            requests.append((output, params))
-        return requests
-
-    def _tokenize(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt) if prompt else []
-        return [int(t) for t in prompt]
-
-    def _check_prompt(self, index: int, token_ids: list[int]) -> None:
-        if not token_ids:
-            raise ValueError(f"prompt {index} is empty")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt {index} has {len(token_ids)} tokens; max_model_len={self.max_model_len} leaves room "
-                f"for at most {self.max_model_len - 1} prompt tokens"
-            )
-        vocab = self.model.config.vocab_size
-        if not all(0 <= t < vocab for t in token_ids):
-            raise ValueError(f"prompt {index} has token ids outside [0, {vocab})")
-
-    def _check_fits_pool(self, index: int, longest: int) -> None:
-        """A request whose longest sequence needs more blocks than the whole pool could never run."""
-        kv_tokens = min(longest, self.max_model_len) - 1  # the last token is never cached
-        needed = self.block_manager.blocks_needed(kv_tokens)
-        if needed > self.block_manager.num_total_blocks:
-            raise ValueError(
-                f"prompt {index} with max_tokens needs {needed} KV blocks of {self.block_manager.block_size} "
-                f"tokens, the pool has only num_kv_blocks={self.block_manager.num_total_blocks}"
-            )
+        request_ids = []
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                request_ids.append(self.llm_engine.add_request(None, prompt, params))
+        except (ValueError, TypeError):
+            for request_id in request_ids:
+                self.llm_engine.abort_request(request_id)
+            raise
+        return request_ids
 
 
 def normalize_prompts(prompts) -> list[Prompt]:

@@ -10,7 +10,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)  # generated tokens, the stop token included
     text: str = ""  # generated text, special tokens skipped
-    finish_reason: str | None = None  # "stop" (EOS or a stop token) | "length" (max_tokens or max_model_len)
+    # "stop" (EOS or a stop token) | "length" (max_tokens or max_model_len) | "abort" (abort_request)
+    finish_reason: str | None = None
 
     @property
     def finished(self) -> bool:

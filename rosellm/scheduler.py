@@ -1,76 +1,117 @@
-"""The offline scheduler: runs sessions in batches; a request may join at any step.
-
-It keeps the KV block bookkeeping (a block table per sequence in a `BlockManager`, the batch's lengths
-and block tables in a `BatchState`), and from chapter 05 on that bookkeeping IS the cache's layout.
-"""
+"""The continuous-batching scheduler: who runs in the next forward, under budgets of sequences, tokens
+and KV blocks. Plain bookkeeping over sequences and block ids; it never touches the model."""
 
 from collections import deque
+from dataclasses import dataclass, field
 
 from .batch_state import BatchState
 from .block_manager import BlockManager
-from .engine import InferenceEngine
-from .session import InferenceSession
+from .sequence import Sequence, SequenceStatus
 
 
-class OfflineScheduler:
-    """Each `step()` advances every running session by one token.
+@dataclass
+class SchedulerOutput:
+    scheduled: list[Sequence]  # the batch of the next forward, in row order; each runs its pending tokens
+    num_prefills: int = 0  # sequences admitted this step (they prefill; the rest decode one token)
+    preempted: list[Sequence] = field(default_factory=list)
 
-    Sessions that joined since the last step are prefilled and the others decode, all in one forward
-    (the new tokens laid end to end, no padding). Finished sessions leave the batch and free their
-    blocks at once, and waiting ones take their places, up to `max_batch_size`, first come first served.
 
-    A session is admitted only when the blocks for its longest possible sequence (prompt + max_tokens)
-    are free beyond what the running sessions may still claim, so a running session never runs out
-    of blocks. (Chapter 07 admits on the prompt alone and preempts instead.)
+class Scheduler:
+    """First come, first served, with preemption by recomputation.
+
+    Each step, every running sequence first gets a KV slot for the token it decodes. When the pool has
+    no block for it, the most recently admitted running sequence is preempted: its blocks are freed and
+    it goes back to the front of the waiting queue, to be prefilled again later (prompt and generated
+    tokens alike). Then, if nothing was preempted, waiting sequences are admitted in order while there
+    is room: fewer than `max_num_seqs` running, their tokens within `max_num_batched_tokens` for this
+    step, and their blocks free beyond a watermark kept for the running sequences to grow into.
     """
 
-    def __init__(self, engine: InferenceEngine, max_batch_size: int, block_manager: BlockManager):
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self.engine = engine
-        self.max_batch_size = max_batch_size
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 watermark_blocks: int = 0):
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({max_num_seqs}), so that every running sequence can decode")
         self.block_manager = block_manager
-        self.batch = BatchState(max_batch_size, block_manager.num_total_blocks, block_manager.block_size)
-        self.waiting: deque[InferenceSession] = deque()
-        self.running: list[InferenceSession] = []
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.watermark_blocks = watermark_blocks
+        self.batch = BatchState(max_num_seqs, block_manager.num_total_blocks, block_manager.block_size)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the batch's rows
 
-    def add_request(self, session: InferenceSession) -> None:
-        self.waiting.append(session)
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
 
-    def has_unfinished_requests(self) -> bool:
+    def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def step(self) -> list[tuple[InferenceSession, str]]:
-        """One token for every running session; returns (session, new text) for each of them."""
-        for session in self.running:  # a slot for the token each one is about to feed the model
-            new_block = self.block_manager.append_slot(session.request_id)
-            self.batch.append_token(session.request_id, new_block)
-        while self.waiting and len(self.running) < self.max_batch_size and self._fits(self.waiting[0]):
-            session = self.waiting.popleft()
-            self.running.append(session)
-            blocks = self.block_manager.allocate(session.request_id, len(session.pending))
-            self.batch.add(session.request_id, len(session.pending), blocks)
-        outputs = self._advance(self.running)
-        for session in [s for s in self.running if s.finished]:
-            self.block_manager.free(session.request_id)
-            self.batch.remove(session.request_id)
-        self.running = [session for session in self.running if not session.finished]
-        return outputs
+    def schedule(self) -> SchedulerOutput:
+        preempted = self._reserve_decode_slots()
+        budget = self.max_num_batched_tokens - len(self.running)
+        num_prefills = 0
+        while not preempted and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            num_new = len(seq.pending_token_ids)
+            if num_new > budget or not self._blocks_free_for(num_new):
+                break  # first come, first served: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            blocks = self.block_manager.allocate(seq.request_id, num_new)
+            self.batch.add(seq.request_id, num_new, blocks)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget -= num_new
+            num_prefills += 1
+        return SchedulerOutput(list(self.running), num_prefills, preempted)
 
-    def _fits(self, session: InferenceSession) -> bool:
-        manager = self.block_manager
-        still_claimable = sum(
-            manager.blocks_needed(s.max_kv_tokens) - len(manager.block_tables[s.request_id]) for s in self.running
-        )
-        return manager.blocks_needed(session.max_kv_tokens) <= manager.num_free_blocks - still_claimable
+    def finish(self, seq: Sequence) -> None:
+        """A running sequence is done: its blocks return to the pool at once."""
+        self._release(seq)
+        seq.status = SequenceStatus.FINISHED
 
-    def _advance(self, sessions: list[InferenceSession]) -> list[tuple[InferenceSession, str]]:
-        """One forward for the whole batch (its rows are the running sessions, in order)."""
-        if not sessions:
-            return []
-        token_lists = [session.pending for session in sessions]
-        size = self.batch.size
-        seq_lens = self.batch.seq_lens[:size].tolist()
-        hidden = self.engine.forward(token_lists, seq_lens, self.batch.block_tables[:size])
-        logits = self.engine.last_token_logits(hidden, token_lists)  # [batch, vocab]
-        return [(session, session.append_token(row)) for session, row in zip(sessions, logits)]
+    def abort(self, request_id: str) -> Sequence | None:
+        """Drop a request wherever it is; its blocks are freed. Returns it, or None if unknown."""
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                seq.status = SequenceStatus.FINISHED
+                return seq
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self.finish(seq)
+                return seq
+        return None
+
+    def _reserve_decode_slots(self) -> list[Sequence]:
+        """A slot for every running sequence's next token, preempting the newest ones when blocks run out."""
+        preempted = []
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # already preempted to make room for an older sequence
+            while not self.block_manager.can_append(seq.request_id):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.RUNNING:
+                new_block = self.block_manager.append_slot(seq.request_id)
+                self.batch.append_token(seq.request_id, new_block)
+        return preempted
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_cached_tokens = 0  # its keys and values are gone: recompute them on re-admission
+        self.waiting.appendleft(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        self.block_manager.free(seq.request_id)
+        self.batch.remove(seq.request_id)
+        self.running.remove(seq)
+
+    def _blocks_free_for(self, num_tokens: int) -> bool:
+        needed = self.block_manager.blocks_needed(num_tokens)
+        return needed <= self.block_manager.num_free_blocks - self.watermark_blocks

@@ -89,7 +89,8 @@ def test_eos_stops_unless_ignored(checkpoint, tiny_model_dirs):
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]))
     free = llm.generate([[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                         use_tqdm=False)[0].token_ids
-    llm.eos_token_ids = {free[2]}  # pretend that token is the model's EOS
+    llm.eos_token_ids.clear()
+    llm.eos_token_ids.add(free[2])  # pretend that token is the model's EOS
     stopped = llm.generate([[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12),
                            use_tqdm=False)[0]
     assert stopped.token_ids == free[: free.index(free[2]) + 1] and stopped.finish_reason == "stop"

@@ -20,17 +20,18 @@ def test_a_small_pool_is_reused_across_requests(checkpoint, tiny_model_dirs):
     params = checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     expected = large.generate(MIXED_PROMPTS, params, use_tqdm=False)
     seen_in_use = []
-    original_step = small.scheduler.step
+    allocator = small.block_manager.allocator
+    allocate = allocator.allocate
 
-    def step():
-        outputs = original_step()
-        seen_in_use.append(small.block_manager.num_total_blocks - small.block_manager.num_free_blocks)
-        return outputs
+    def recording_allocate():
+        block = allocate()
+        seen_in_use.append(allocator.num_total_blocks - allocator.num_free_blocks)
+        return block
 
-    small.scheduler.step = step
+    allocator.allocate = recording_allocate
     got = small.generate(MIXED_PROMPTS, params, use_tqdm=False)
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
-    assert max(seen_in_use) <= 12 and small.block_manager.num_free_blocks == 12
+    assert max(seen_in_use) == 12 and small.block_manager.num_free_blocks == 12  # the pool ran full
 
 
 def test_a_request_that_can_never_fit_the_pool_is_rejected(checkpoint, tiny_model_dirs):

@@ -1,8 +1,9 @@
 """The engine on the paged pool: exact greedy output with blocks reused across requests, sized pools."""
 
 import pytest
+import torch
 
-from tests.ch03_batch_decode.test_batch_generate import MIXED_PROMPTS
+from tests.ch03_batch_decode.test_batch_generate import MIXED_PROMPTS, batch_size_option
 from tests.oracle import hf_greedy
 
 
@@ -42,33 +43,33 @@ def test_admission_waits_for_free_blocks(checkpoint, tiny_model_dirs):
     """A pool with room for one request at a time runs them one at a time, all to completion."""
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=4, num_kv_blocks=5)  # 20 slots
     prompts = [list(range(10, 20))] * 3  # 10 prompt + 8 new - 1 = 17 slots: 5 blocks each
-    running_sizes = []
-    step = llm.scheduler.step
+    holders = []  # how many sequences hold blocks, after each admission
+    manager = llm.block_manager
+    allocate = manager.allocate
 
-    def counting_step():
-        outputs = step()
-        running_sizes.append(len(outputs))
-        return outputs
+    def recording_allocate(seq_id, num_tokens):
+        table = allocate(seq_id, num_tokens)
+        holders.append(len(manager.block_tables))
+        return table
 
-    llm.scheduler.step = counting_step
+    manager.allocate = recording_allocate
     outputs = llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                            use_tqdm=False)
-    assert max(running_sizes) == 1 and all(len(o.token_ids) == 8 for o in outputs)
+    assert holders == [1, 1, 1] and all(len(o.token_ids) == 8 for o in outputs)
     assert outputs[0].token_ids == outputs[1].token_ids == outputs[2].token_ids
 
 
 def test_pool_size_from_a_memory_budget(checkpoint, tiny_model_dirs):
-    probe = checkpoint.LLM(str(tiny_model_dirs["gqa"]), num_kv_blocks=1)
-    per_token = probe.engine.bytes_per_token()
+    config = checkpoint.config.ModelConfig.from_json(tiny_model_dirs["gqa"] / "config.json")
+    per_token = checkpoint.kv_pool.KVPool.bytes_per_token(config, torch.float32)
     # tiny model: 2 (K, V) x 2 layers x 2 KV heads x 16 dims x 4 bytes
     assert per_token == 2 * 2 * 2 * 16 * 4
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=8, kv_cache_memory=100 * 8 * per_token)
     assert llm.block_manager.num_total_blocks == 100
-    assert tuple(llm.engine.kv_pool.keys.shape) == (2, 100, 8, 2, 16)
 
 
 def test_default_pool_is_capped_by_what_the_batch_can_use(checkpoint, tiny_model_dirs):
-    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=16, max_batch_size=4)
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=16, **batch_size_option(checkpoint, 4))
     assert llm.block_manager.num_total_blocks == 4 * (256 // 16)  # max_model_len 256
 
 

@@ -12,6 +12,7 @@ import torch
 from tests.ch03_batch_decode.test_batch_generate import MIXED_PROMPTS
 from tests.ch05_paged_attention.paged_data import make_problem
 from tests.ch06_triton_kernels.test_kernels import on_device, reference
+from tests.ch06_triton_kernels.test_triton_engine import attention_backend_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -66,7 +67,7 @@ def test_engine_on_cuda_defaults_to_triton_and_matches_torch(checkpoint, tiny_mo
     for backend in (None, "torch"):
         llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), device="cuda", dtype=torch.float32,
                              attention_backend=backend)
-        assert llm.engine.attention_backend.name == (backend or "triton")
+        assert attention_backend_of(llm).name == (backend or "triton")
         params = checkpoint.SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         outputs[backend] = [o.token_ids for o in llm.generate(MIXED_PROMPTS, params, use_tqdm=False)]
     assert outputs[None] == outputs["torch"]
@@ -75,7 +76,7 @@ def test_engine_on_cuda_defaults_to_triton_and_matches_torch(checkpoint, tiny_mo
 @pytest.mark.model
 def test_smollm2_bf16_on_cuda_runs_on_triton(checkpoint, smollm2_path):
     llm = checkpoint.LLM(device="cuda")  # bf16 and the triton backend: the defaults on CUDA
-    assert llm.engine.dtype == torch.bfloat16 and llm.engine.attention_backend.name == "triton"
+    assert llm.model.lm_head.weight.dtype == torch.bfloat16 and attention_backend_of(llm).name == "triton"
     prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                                tokenize=False, add_generation_prompt=True)
     [output] = llm.generate([prompt], checkpoint.SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)

@@ -8,8 +8,15 @@ import sys
 import pytest
 import torch
 
-from tests.ch03_batch_decode.test_batch_generate import MIXED_PROMPTS
+from tests.ch03_batch_decode.test_batch_generate import MIXED_PROMPTS, batch_size_option
 from tests.conftest import ROOT
+
+
+def attention_backend_of(llm):
+    """The backend every attention layer of the LLM's model calls."""
+    [backend] = {id(layer.self_attn.backend): layer.self_attn.backend for layer in llm.model.model.layers}.values()
+    return backend
+
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -37,8 +44,8 @@ def test_triton_engine_gives_the_torch_engine_tokens(checkpoint, tiny_model_dirs
     outputs = {}
     for backend in ("torch", "triton"):
         llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), device=DEVICE, dtype=torch.float32, block_size=4,
-                             max_batch_size=2, attention_backend=backend)
-        assert llm.engine.attention_backend.name == backend
+                             attention_backend=backend, **batch_size_option(checkpoint, 2))
+        assert attention_backend_of(llm).name == backend
         sampling = [checkpoint.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
         outputs[backend] = [o.token_ids for o in llm.generate(prompts, sampling, use_tqdm=False)]
         outputs[backend + " logits"] = llm.prompt_logits(MIXED_PROMPTS[4])
@@ -59,8 +66,8 @@ def test_backend_names_and_defaults(checkpoint):
 
 def test_default_engine_backend_on_cpu_is_torch(checkpoint, tiny_model_dirs):
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]))
-    assert llm.engine.attention_backend.name == "torch"
-    assert all(layer.self_attn.backend is llm.engine.attention_backend for layer in llm.model.model.layers)
+    assert attention_backend_of(llm).name == "torch"
+    assert all(layer.self_attn.backend is attention_backend_of(llm) for layer in llm.model.model.layers)
 
 
 def test_triton_on_cpu_needs_the_interpreter(checkpoint, tiny_model_dirs, monkeypatch):
