@@ -2,10 +2,19 @@
 
 import torch
 
+_greedy_cache: dict = {}  # every checkpoint is compared with the same references: compute each once
 
-@torch.inference_mode()
+
 def hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """transformers `generate(do_sample=False)` for one prompt: the generated ids (stops at EOS)."""
+    key = (id(hf_model), tuple(prompt_ids), max_new_tokens)
+    if key not in _greedy_cache:
+        _greedy_cache[key] = _hf_greedy(hf_model, list(prompt_ids), max_new_tokens)
+    return list(_greedy_cache[key])
+
+
+@torch.inference_mode()
+def _hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     input_ids = torch.tensor([prompt_ids])
     out = hf_model.generate(
         input_ids,
