@@ -5,6 +5,7 @@ model) -> sample -> update the bookkeeping.
 """
 
 import itertools
+import math
 
 import torch
 
@@ -60,7 +61,7 @@ class LLMEngine:
         self.inference_engine.allocate_kv_pool(num_kv_blocks, block_size)
         token_budget = max_num_batched_tokens or max(self.max_model_len, 2048)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, token_budget,
-                                   watermark_blocks=int(watermark * num_kv_blocks))
+                                   watermark_blocks=math.ceil(watermark * num_kv_blocks))
         self.requests: dict[str, RequestState] = {}
         self._request_ids = itertools.count()
 
@@ -75,8 +76,8 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
         token_ids = self._tokenize(prompt)
-        self._check_request(request_id, token_ids, params)
         seq = Sequence(request_id, token_ids, params, self.eos_token_ids, self.max_model_len)
+        self._check_request(seq)
         output = RequestOutput(request_id, prompt if isinstance(prompt, str) else None, token_ids)
         self.requests[request_id] = RequestState(
             seq, output, IncrementalDetokenizer(self.tokenizer), make_generator(params.seed, self.inference_engine.device)
@@ -102,6 +103,8 @@ class LLMEngine:
         Returns the outputs of the requests that advanced (finished ones have `.finished`)."""
         plan = self.scheduler.schedule()
         if not plan.scheduled:
+            if self.scheduler.waiting and not plan.preempted:  # add_request's checks make this unreachable
+                raise RuntimeError(f"request {self.scheduler.waiting[0].request_id!r} can never be scheduled")
             return []
         token_lists = [seq.pending_token_ids for seq in plan.scheduled]
         batch = self.scheduler.batch  # its rows are the scheduled sequences, in order
@@ -129,7 +132,8 @@ class LLMEngine:
     @torch.inference_mode()
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [seq, vocab_size] at every position of one sequence (blocks borrowed for the call)."""
-        self._check_request("prompt_logits", token_ids, SamplingParams(max_tokens=1))
+        self._check_request(Sequence("prompt_logits", token_ids, SamplingParams(max_tokens=1), set(),
+                                     self.max_model_len))
         blocks = self.block_manager.allocate("prompt_logits", len(token_ids))
         try:
             table = torch.tensor([blocks], dtype=torch.int32)
@@ -145,8 +149,10 @@ class LLMEngine:
             raise TypeError("a prompt must be a str or a list of token ids")
         return list(prompt)
 
-    def _check_request(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
-        name = f"request {request_id!r}"
+    def _check_request(self, seq: Sequence) -> None:
+        """Reject what could never run, even alone: after a preemption a request is prefilled again with
+        everything it generated, so its longest cached sequence must fit the pool and one step's budget."""
+        name, token_ids = f"request {seq.request_id!r}", seq.prompt_token_ids
         if not token_ids:
             raise ValueError(f"{name}: the prompt is empty")
         if len(token_ids) >= self.max_model_len:
@@ -156,13 +162,10 @@ class LLMEngine:
         if not all(0 <= t < vocab for t in token_ids):
             raise ValueError(f"{name}: the prompt has token ids outside [0, {vocab})")
         budget = self.scheduler.max_num_batched_tokens
-        if len(token_ids) > budget:
-            raise ValueError(f"{name}: the prompt has {len(token_ids)} tokens, more than "
-                             f"max_num_batched_tokens={budget} (one step's token budget)")
-        kv_tokens = min(len(token_ids) + params.max_tokens, self.max_model_len) - 1
-        needed = self.block_manager.blocks_needed(kv_tokens)
-        usable = self.block_manager.num_total_blocks - self.scheduler.watermark_blocks
-        if needed > usable:
+        if seq.max_kv_tokens > budget:
+            raise ValueError(f"{name}: prompt + max_tokens may need a prefill of {seq.max_kv_tokens} tokens, more "
+                             f"than max_num_batched_tokens={budget} (one step's token budget)")
+        needed = self.block_manager.blocks_needed(seq.max_kv_tokens)
+        if needed > self.block_manager.num_total_blocks:
             raise ValueError(f"{name}: prompt + max_tokens need {needed} KV blocks of {self.block_manager.block_size} "
-                             f"tokens, the pool can give one request at most {usable} "
-                             f"(num_kv_blocks={self.block_manager.num_total_blocks})")
+                             f"tokens, the pool has num_kv_blocks={self.block_manager.num_total_blocks}")

@@ -25,6 +25,8 @@ class Scheduler:
     tokens alike). Then, if nothing was preempted, waiting sequences are admitted in order while there
     is room: fewer than `max_num_seqs` running, their tokens within `max_num_batched_tokens` for this
     step, and their blocks free beyond a watermark kept for the running sequences to grow into.
+    The engine accepts only requests that could run alone (prompt + max_tokens within the pool and the
+    token budget), so the head of the queue is always admitted once the running sequences are done.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
@@ -113,5 +115,7 @@ class Scheduler:
         self.running.remove(seq)
 
     def _blocks_free_for(self, num_tokens: int) -> bool:
+        """Room beyond the watermark; a sequence alone may use the watermark too (nothing else can grow)."""
         needed = self.block_manager.blocks_needed(num_tokens)
-        return needed <= self.block_manager.num_free_blocks - self.watermark_blocks
+        reserve = self.watermark_blocks if self.running else 0
+        return needed <= self.block_manager.num_free_blocks - reserve

@@ -71,7 +71,8 @@ def test_abort_frees_blocks_at_once_and_others_go_on(checkpoint, engine):
         ("", {}, "empty"),
         (list(range(3, 300)), {}, "max_model_len=256"),
         ([3] * 65, {}, "max_num_batched_tokens=64"),
-        ([3, 4], {"max_tokens": 200}, "num_kv_blocks=40"),
+        # after a preemption it would be prefilled again with what it generated: 3 + 60 - 1 > 64
+        ([3, 4, 5], {"max_tokens": 63}, "max_num_batched_tokens=64"),
         ([3, 10**6], {}, "token ids outside"),
     ],
 )
@@ -103,3 +104,23 @@ def test_llm_generate_rejects_a_bad_batch_without_leaving_requests_behind(checkp
         llm.generate([[5, 6], [7, 8], []], use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_total_blocks
+
+
+def test_a_request_larger_than_the_pool_is_rejected(checkpoint, tiny_model_dirs):
+    engine = checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), block_size=4, num_kv_blocks=10)
+    with pytest.raises(ValueError, match="num_kv_blocks=10"):
+        engine.add_request("big", [3, 4, 5], checkpoint.SamplingParams(max_tokens=39))  # 41 slots
+    engine.add_request("fits", [3, 4, 5], checkpoint.SamplingParams(max_tokens=38, ignore_eos=True))  # 40
+    assert len(drain(engine)["fits"].token_ids) == 38
+
+
+def test_a_lone_request_may_use_the_watermark(checkpoint, tiny_model_dirs):
+    """The watermark keeps room for running sequences to grow; with none running, it must not block."""
+    engine = checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), block_size=4, num_kv_blocks=10, watermark=0.2)
+    assert engine.scheduler.watermark_blocks == 2
+    for request_id in ("a", "b"):
+        engine.add_request(request_id, list(range(3, 40)), checkpoint.SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()
+    assert [s.request_id for s in engine.scheduler.running] == ["a"]  # 10 blocks: b waits for a
+    finished = drain(engine)
+    assert set(finished) == {"a", "b"}
