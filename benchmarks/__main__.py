@@ -1,0 +1,27 @@
+"""Command line: `python -m benchmarks WORKLOAD [options]`, one workload per entry of `benchmarks.WORKLOADS`."""
+
+import argparse
+import importlib
+import sys
+
+from . import WORKLOADS
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in WORKLOADS:
+        # Import only the chosen workload: one workload's heavy or broken imports never block another.
+        name = argv[0]
+        module = importlib.import_module(WORKLOADS[name])
+        parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=module.HELP)
+        module.add_arguments(parser)
+        module.run(parser.parse_args(argv[1:]))
+        return
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     epilog="`python -m benchmarks WORKLOAD --help` lists a workload's options")
+    parser.add_argument("workload", choices=list(WORKLOADS))
+    parser.parse_args(argv)  # reached only for --help, a missing or an unknown workload: argparse says so
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""mkdocs hook: generate "what changed" sections from the chapter checkpoints at build time.
+
+A line of its own in a page
+
+    <!-- chapter-diff: ch01_naive_decode ch02_kv_cache -->   a unified diff of the two checkpoints
+    <!-- chapter-files: ch01_naive_decode -->                the files of one checkpoint
+
+is replaced by generated Markdown. A checkpoint `chNN_slug` is `chapters/chNN_slug/rosellm/` when that
+folder exists, else `rosellm/` when its `__init__.py` says `__chapter__ = "NN_slug"` (the latest chapter).
+"""
+
+import ast
+import difflib
+import re
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+MARKER = re.compile(r"^<!--\s*chapter-(diff|files):\s*([\w\s]+?)\s*-->[ \t]*$", re.MULTILINE)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    root = Path(config.config_file_path).parent
+
+    def expand(match: re.Match) -> str:
+        kind, names = match.group(1), match.group(2).split()
+        where = f"{page.file.src_path}: {match.group(0)!r}"
+        if kind == "diff" and len(names) == 2:
+            return chapter_diff(root, *names)
+        if kind == "files" and len(names) == 1:
+            return chapter_files(root, names[0])
+        raise PluginError(f"{where}: expected chapter-diff OLD NEW or chapter-files NAME")
+
+    return MARKER.sub(expand, markdown)
+
+
+# --- checkpoints ----------------------------------------------------------------------------------------
+
+
+def checkpoint_dir(root: Path, name: str) -> Path:
+    frozen = root / "chapters" / name / "rosellm"
+    if frozen.is_dir():
+        return frozen
+    latest = re.search(r'__chapter__\s*=\s*"([^"]+)"', (root / "rosellm" / "__init__.py").read_text())
+    if latest and f"ch{latest.group(1)}" == name:
+        return root / "rosellm"
+    raise PluginError(f"no checkpoint {name!r}: neither chapters/{name}/rosellm/ nor rosellm/ with "
+                      f'__chapter__ = "{name[2:]}"')
+
+
+def checkpoint_files(folder: Path) -> dict[str, list[str]]:
+    """Relative path -> lines, for every file of the checkpoint except caches."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            found[path.relative_to(folder).as_posix()] = path.read_text().splitlines(keepends=True)
+    return found
+
+
+def summary_line(lines: list[str]) -> str:
+    """The first paragraph of a module docstring, on one line."""
+    try:
+        doc = ast.get_docstring(ast.parse("".join(lines))) or ""
+    except SyntaxError:
+        return ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def fenced(language: str, text: str) -> str:
+    """A code block whose fence is longer than any run of backticks inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}\n"
+
+
+# --- generated Markdown -----------------------------------------------------------------------------
+
+
+def chapter_files(root: Path, name: str) -> str:
+    files = checkpoint_files(checkpoint_dir(root, name))
+    rows = [f"| `rosellm/{path}` | {len(lines)} | {summary_line(lines) if path.endswith('.py') else ''} |"
+            for path, lines in files.items()]
+    total = sum(len(lines) for lines in files.values())
+    header = ["| file | lines | what it is |", "| --- | ---: | --- |"]
+    return "\n".join(header + rows + [f"| **total** | **{total}** | |"]) + "\n"
+
+
+def chapter_diff(root: Path, old_name: str, new_name: str) -> str:
+    old = checkpoint_files(checkpoint_dir(root, old_name))
+    new = checkpoint_files(checkpoint_dir(root, new_name))
+    rows, blocks, statuses = [], [], []
+    for path in sorted(old.keys() | new.keys()):
+        before, after = old.get(path, []), new.get(path, [])
+        if before == after:
+            continue
+        diff = list(difflib.unified_diff(before, after, f"{old_name}/rosellm/{path}",
+                                         f"{new_name}/rosellm/{path}", n=3))
+        added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
+        removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
+        status = "added" if path not in old else "removed" if path not in new else "changed"
+        statuses.append(status)
+        rows.append(f"| `rosellm/{path}` | {status} | +{added} | −{removed} |")
+        text = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
+        blocks.append(f"**`rosellm/{path}`** ({status})\n\n{fenced('diff', text)}")
+    if not rows:
+        return f"*No file differs between `{old_name}` and `{new_name}`.*\n"
+    summary = ", ".join(f"{statuses.count(s)} {s}" for s in ("changed", "added", "removed") if s in statuses)
+    table = ["| file | status | added lines | removed lines |", "| --- | --- | ---: | ---: |", *rows]
+    return f"From `{old_name}` to `{new_name}`: {summary}.\n\n" + "\n".join(table) + "\n\n" + "\n".join(blocks)
