@@ -111,6 +111,7 @@ def padding_summary(forwards: list[dict]) -> dict:
     """Shares of padding over the merged KV tensors (and over the input tokens) of a list of forwards."""
     kv = [padded_slots(f["rows"]) for f in forwards]
     tokens = [padded_slots(f["new"]) for f in forwards]
+    prefill_tokens = [padded_slots(f["new"]) for f in forwards if f["kind"] == "prefill"]
     decode = [padded_slots(f["rows"]) for f in forwards if f["kind"] == "decode"]
     return {
         "forwards": len(forwards),
@@ -122,8 +123,11 @@ def padding_summary(forwards: list[dict]) -> dict:
         if decode else None,
         "kv_slots_merged": sum(t for _, t in kv),
         "kv_slots_padding": sum(p for p, _ in kv),
-        # input padding: positions of the [batch, width] input that are padding (only prefill has any)
+        # input padding: positions of the [batch, width] inputs that are padding, over all forwards and
+        # over the prefill forwards alone (a decode forward feeds one real token per row: none there)
         "input_padding_share": round(sum(p for p, _ in tokens) / sum(t for _, t in tokens), 4),
+        "input_padding_share_prefill": round(sum(p for p, _ in prefill_tokens) / sum(t for _, t in prefill_tokens), 4)
+        if prefill_tokens else None,
     }
 
 
@@ -293,7 +297,7 @@ def measure_padding(args, engine, llm, vocab: int) -> dict | None:
           f"{statistics.fmean(lens):.0f}), {args.mixed_tokens} tokens each, {seconds:.1f} s: "
           f"{summary['kv_padding_share_mean_per_forward']:.1%} of the merged KV slots are padding "
           f"(mean over {summary['forwards']} forwards; {summary['kv_padding_share_of_all_slots']:.1%} of "
-          f"all slots); {summary['input_padding_share']:.1%} of the input positions are padding")
+          f"all slots); {summary['input_padding_share_prefill']:.1%} of the prefill's input positions are padding")
 
     # The design's offline workload (64 requests, prompts in [32, 512], outputs in [32, 256]), by replay
     # only: here requests leave at different times and waiting ones join a running batch.
