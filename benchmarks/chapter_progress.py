@@ -52,6 +52,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--check-requests", type=int, default=2)
     parser.add_argument("--check-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the engines that an interrupted run with the same settings had finished")
     parser.add_argument("--quick", action="store_true", help="a tiny workload: checks the harness")
     parser.add_argument("--json", type=Path, default=None,
                         help="result file (default: benchmarks/results/chapters.json; --quick: chapters_quick.json)")
@@ -104,14 +106,14 @@ def measure(args) -> dict:
     oracle = harness.run_worker("hf-generate", {"model": args.model, "threads": args.threads, "requests": requests,
                                                 "reference_only": True, "batch_size": 1, "reference_sample": sample,
                                                 "reference_tokens": args.check_tokens},
-                                "transformers reference (one request at a time)")
+                                "transformers reference (one request at a time)", args.resume)
     reference = oracle.get("reference", {})
     rows, tokens = [], {}
     for n, module in chosen:
         options = checkpoint_options(n, args.batch)
         run = harness.run_worker("checkpoint", {"checkpoint": module, "model": args.model, "threads": args.threads,
                                                 "options": options, "requests": requests, "warmup": warmup},
-                                 f"chapter {n:02d} ({module}) {options or ''}")
+                                 f"chapter {n:02d} ({module}) {options or ''}", args.resume)
         row = {"chapter": n, "checkpoint": module, "options": options,
                "other_processes_cpu_share": run.get("other_processes_cpu_share")}
         if "error" in run:

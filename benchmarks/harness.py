@@ -12,6 +12,7 @@ generated token goes through (the decoder layers and the LM head; the embedding 
 The attention's own FLOP and KV-cache reads come on top: both rooflines are upper bounds.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -210,11 +211,31 @@ def latency_stats(run: dict, max_tokens: list[int]) -> dict:
 # --- one engine in its own process ----------------------------------------------------------------------
 
 
-def run_worker(task: str, spec: dict, label: str) -> dict:
+CACHE = Path(tempfile.gettempdir()) / "rosellm-bench-cache"
+
+
+def run_worker(task: str, spec: dict, label: str, resume: bool = False) -> dict:
     """Run `benchmarks.worker` TASK in a fresh Python process and return its result.
 
     A fresh process per engine makes its peak memory its own and keeps one engine's allocator state (and
-    thread pools) from slowing the next. The child's progress bars go to this terminal."""
+    thread pools) from slowing the next. The child's progress bars go to this terminal.
+
+    Every finished engine's result is also kept in CACHE, keyed by the task and its exact spec: with
+    `resume`, a run that was interrupted (a long offline-cpu on a shared machine) picks up the engines that
+    had already finished instead of measuring them again. Only for the same code."""
+    key = hashlib.sha256(json.dumps([task, spec], sort_keys=True).encode()).hexdigest()[:20]
+    cached = CACHE / f"{task}-{key}.json"
+    if resume and cached.is_file():
+        print(f"--- {label}: reusing the result of an interrupted run ({cached})", flush=True)
+        return json.loads(cached.read_text()) | {"reused_from": str(cached)}
+    result = run_worker_process(task, spec, label)
+    if "error" not in result:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps(result))
+    return result
+
+
+def run_worker_process(task: str, spec: dict, label: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="rosellm-bench-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec))

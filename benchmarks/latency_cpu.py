@@ -27,6 +27,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the engines that an interrupted run with the same settings had finished")
     parser.add_argument("--quick", action="store_true", help="a short request, one repeat: checks the harness")
     parser.add_argument("--json", type=Path, default=None,
                         help="result file (default: benchmarks/results/latency_cpu.json; --quick: latency_cpu_quick.json)")
@@ -82,10 +84,10 @@ def measure(args) -> dict:
               "repeats": args.repeats}
     runs = {
         "rosellm": harness.run_worker("rosellm", common | {"engine_options": {"max_num_seqs": 1}},
-                                      "rosellm (ch07) at batch 1"),
+                                      "rosellm (ch07) at batch 1", args.resume),
         # at batch 1 without padding, transformers' timed run is itself the oracle of the check
         "hf-generate": harness.run_worker("hf-generate", common | {"batch_size": 1},
-                                          "transformers generate at batch 1"),
+                                          "transformers generate at batch 1", args.resume),
     }
     rates.append(harness.measure_rates(args.quick))
     roof = harness.rooflines(rates, params)

@@ -60,6 +60,8 @@ def add_arguments(parser) -> None:
                         help="skip the second, profiled rosellm run (where the time of a step goes)")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"which engines to run ({', '.join(ENGINES)})")
     parser.add_argument("--threads", type=int, default=None, help="torch threads in every engine (default: torch's)")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the engines that an interrupted run with the same settings had finished")
     parser.add_argument("--quick", action="store_true",
                         help="a small workload (a few short requests, small sweep): checks the harness, not the speed")
     parser.add_argument("--json", type=Path, default=None,
@@ -174,6 +176,7 @@ def summarize_engine(name: str, run: dict, requests: list, work: dict, roof: dic
         "peak_rss_run_mib": (run.get("memory") or {}).get("peak_rss_run_mib"),
         "load_s": run.get("load_s"),
         "other_processes_cpu_share": run.get("other_processes_cpu_share"),
+        "measured_in_an_earlier_interrupted_run": bool(run.get("reused_from")),
     }
     if name == "hf-generate":
         summary["padded_token_positions"] = run.get("padded_token_positions")
@@ -252,7 +255,7 @@ def measure(args, engines: list[str]) -> dict:
     runs = {}
     for name in ENGINES:
         if name in engines:
-            runs[name] = harness.run_worker(name, specs[name], LABELS[name])
+            runs[name] = harness.run_worker(name, specs[name], LABELS[name], args.resume)
     rates.append(harness.measure_rates(args.quick))
     roof = harness.rooflines(rates, params)
 

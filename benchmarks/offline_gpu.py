@@ -48,6 +48,8 @@ def add_arguments(parser) -> None:
                         help="greedy tokens compared with transformers (bf16 random weights have near-ties: "
                              "later tokens may legitimately differ)")
     parser.add_argument("--engines", default="rosellm,hf-generate,hf-continuous")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the engines that an interrupted run with the same settings had finished")
     parser.add_argument("--quick", action="store_true", help="a small workload on a small random model")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--figure", type=Path, default=None)
@@ -137,7 +139,7 @@ def measure(args, model: str) -> dict:
     }
     if "hf-generate" not in engines:
         specs["hf-generate"]["reference_only"], engines = True, engines + ["hf-generate"]
-    runs = {name: harness.run_worker(name, specs[name], LABELS[name]) for name in
+    runs = {name: harness.run_worker(name, specs[name], LABELS[name], args.resume) for name in
             ("rosellm", "hf-generate", "hf-continuous") if name in engines}
     rates.append(gpu_rates(args.quick))
     roof = harness.rooflines(rates, params, bytes_per_weight=2)
