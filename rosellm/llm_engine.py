@@ -13,7 +13,7 @@ from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .engine import InferenceEngine
 from .outputs import RequestOutput
-from .sampling import SamplingParams, make_generator, sample
+from .sampling import SamplingParams, make_generator, sample_batch
 from .scheduler import Scheduler
 from .sequence import Sequence
 
@@ -111,10 +111,10 @@ class LLMEngine:
         hidden = self.inference_engine.forward(token_lists, batch.seq_lens[: batch.size].tolist(),
                                                batch.block_tables[: batch.size])
         logits = self.inference_engine.last_token_logits(hidden, token_lists)  # [batch, vocab]
+        states = [self.requests[seq.request_id] for seq in plan.scheduled]
+        tokens = sample_batch(logits, [seq.params for seq in plan.scheduled], [s.generator for s in states])
         outputs = []
-        for seq, row in zip(plan.scheduled, logits):
-            state = self.requests[seq.request_id]
-            token = sample(row, seq.params, state.generator)
+        for seq, state, token in zip(plan.scheduled, states, tokens):
             finish_reason = seq.append_token(token)
             output = state.output
             output.token_ids.append(token)

@@ -71,3 +71,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     logits = apply_top_p(apply_top_k(logits[None], params.top_k), params.top_p)[0]
     probs = logits.softmax(dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]) -> list[int]:
+    """One token id per row of logits [batch, vocab_size]: one argmax for all the greedy rows together (a
+    single call instead of one per row), `sample` for each of the others."""
+    greedy = [p.greedy for p in params]
+    argmax = logits.argmax(dim=-1).tolist() if any(greedy) else None
+    return [argmax[i] if greedy[i] else sample(logits[i], params[i], generators[i]) for i in range(len(params))]
