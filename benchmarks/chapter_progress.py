@@ -106,14 +106,14 @@ def measure(args) -> dict:
     oracle = harness.run_worker("hf-generate", {"model": args.model, "threads": args.threads, "requests": requests,
                                                 "reference_only": True, "batch_size": 1, "reference_sample": sample,
                                                 "reference_tokens": args.check_tokens},
-                                "transformers reference (one request at a time)", args.resume)
+                                "transformers reference (one request at a time)", args.resume, not args.quick)
     reference = oracle.get("reference", {})
     rows, tokens = [], {}
     for n, module in chosen:
         options = checkpoint_options(n, args.batch)
         run = harness.run_worker("checkpoint", {"checkpoint": module, "model": args.model, "threads": args.threads,
                                                 "options": options, "requests": requests, "warmup": warmup},
-                                 f"chapter {n:02d} ({module}) {options or ''}", args.resume)
+                                 f"chapter {n:02d} ({module}) {options or ''}", args.resume, not args.quick)
         row = {"chapter": n, "checkpoint": module, "options": options,
                "other_processes_cpu_share": run.get("other_processes_cpu_share")}
         if "error" in run:
@@ -172,7 +172,8 @@ def report(result: dict) -> None:
             continue
         rows.append({"ch": f"ch{r['chapter']:02d} {r['slug'][3:]}", "tps": r["output_tokens_per_s"],
                      "x": r.get("speedup_vs_first"), "wall": r["wall_s"], "mem": r["peak_rss_run_mib"],
-                     "share": f"{r['share_of_roofline_output']:.1%}", "check": "ok" if r["check"]["passed"] else "FAILED",
+                     "share": f"{r['share_of_roofline_output']:.1%}",
+                     "check": "ok" if r["check"]["passed"] else "FAILED",
                      "same": "yes" if r["identical_to_latest"] else "no",
                      "load": harness.share_text(r.get("other_processes_cpu_share"))})
     harness.print_table(rows, [("ch", "chapter"), ("tps", "output tok/s"), ("x", "x ch01"), ("wall", "seconds"),

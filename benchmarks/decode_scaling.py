@@ -59,6 +59,19 @@ def timed_generate(engine, llm, prompt: list[int], max_tokens: int) -> float:
     return elapsed
 
 
+def reproducing_command(argv: list[str]) -> str:
+    """The command line without the output paths, which do not change what is measured."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--json", "--figure"):
+            skip = True
+        elif not arg.startswith(("--json=", "--figure=")):
+            kept.append(arg)
+    return "python -m benchmarks " + " ".join(kept)
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares intercept and slope of y = a + b x."""
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
@@ -149,7 +162,7 @@ def measure(args) -> dict:
     result = {
         "workload": "decode-scaling",
         "tag": tag,
-        "command": "python -m benchmarks " + " ".join(sys.argv[1:]),
+        "command": reproducing_command(sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
         "checkpoint": args.checkpoint,
         "chapter": chapter,

@@ -214,7 +214,7 @@ def latency_stats(run: dict, max_tokens: list[int]) -> dict:
 CACHE = Path(tempfile.gettempdir()) / "rosellm-bench-cache"
 
 
-def run_worker(task: str, spec: dict, label: str, resume: bool = False) -> dict:
+def run_worker(task: str, spec: dict, label: str, resume: bool = False, keep: bool = True) -> dict:
     """Run `benchmarks.worker` TASK in a fresh Python process and return its result.
 
     A fresh process per engine makes its peak memory its own and keeps one engine's allocator state (and
@@ -222,14 +222,15 @@ def run_worker(task: str, spec: dict, label: str, resume: bool = False) -> dict:
 
     Every finished engine's result is also kept in CACHE, keyed by the task and its exact spec: with
     `resume`, a run that was interrupted (a long offline-cpu on a shared machine) picks up the engines that
-    had already finished instead of measuring them again. Only for the same code."""
+    had already finished instead of measuring them again. Only for the same code. `keep=False` (quick
+    runs) leaves the cache alone."""
     key = hashlib.sha256(json.dumps([task, spec], sort_keys=True).encode()).hexdigest()[:20]
     cached = CACHE / f"{task}-{key}.json"
     if resume and cached.is_file():
         print(f"--- {label}: reusing the result of an interrupted run ({cached})", flush=True)
         return json.loads(cached.read_text()) | {"reused_from": str(cached)}
     result = run_worker_process(task, spec, label)
-    if "error" not in result:
+    if keep and "error" not in result:
         CACHE.mkdir(parents=True, exist_ok=True)
         cached.write_text(json.dumps(result))
     return result
@@ -283,7 +284,8 @@ def print_machine(machine: dict, rates: dict | None = None) -> None:
         line += f", GPU {machine['gpu']}"
     print(line)
     if rates:
-        print(f"measured: {rates['gemm']['dtype']} GEMM {rates['gemm']['flops_best'] / 1e9:.1f} GFLOP/s (n={rates['gemm']['n']}, best of "
+        gemm = rates["gemm"]
+        print(f"measured: {gemm['dtype']} GEMM {gemm['flops_best'] / 1e9:.1f} GFLOP/s (n={gemm['n']}, best of "
               f"{rates['gemm']['repeats']}; median {rates['gemm']['flops_median'] / 1e9:.1f}), memory bandwidth "
               f"{rates['bandwidth']['bytes_per_s_best'] / 1e9:.1f} GB/s (copy of {rates['bandwidth']['mib']} MiB); "
               f"other processes used {share_text(rates['other_processes_cpu_share'])} of the CPU meanwhile")

@@ -31,7 +31,8 @@ def add_arguments(parser) -> None:
                         help="reuse the engines that an interrupted run with the same settings had finished")
     parser.add_argument("--quick", action="store_true", help="a short request, one repeat: checks the harness")
     parser.add_argument("--json", type=Path, default=None,
-                        help="result file (default: benchmarks/results/latency_cpu.json; --quick: latency_cpu_quick.json)")
+                        help="result file (default: benchmarks/results/latency_cpu.json; --quick: "
+                             "latency_cpu_quick.json)")
     parser.add_argument("--figure", type=Path, default=None,
                         help="figure (default: docs/figures/latency_cpu.png; --quick: next to the JSON)")
 
@@ -84,10 +85,10 @@ def measure(args) -> dict:
               "repeats": args.repeats}
     runs = {
         "rosellm": harness.run_worker("rosellm", common | {"engine_options": {"max_num_seqs": 1}},
-                                      "rosellm (ch07) at batch 1", args.resume),
+                                      "rosellm (ch07) at batch 1", args.resume, not args.quick),
         # at batch 1 without padding, transformers' timed run is itself the oracle of the check
         "hf-generate": harness.run_worker("hf-generate", common | {"batch_size": 1},
-                                          "transformers generate at batch 1", args.resume),
+                                          "transformers generate at batch 1", args.resume, not args.quick),
     }
     rates.append(harness.measure_rates(args.quick))
     roof = harness.rooflines(rates, params)
@@ -155,7 +156,8 @@ def report(result: dict) -> None:
         if "error" in e:
             rows.append({"label": e["engine"], "tps": e["error"]})
             continue
-        rows.append({"label": e["label"], "tps": e["decode_tokens_per_s"], "ratio": e.get("decode_ratio_vs_transformers"),
+        rows.append({"label": e["label"], "tps": e["decode_tokens_per_s"],
+                     "ratio": e.get("decode_ratio_vs_transformers"),
                      "ttft": e["ttft_ms"], "tpot": e["tpot_ms"], "share": f"{e['share_of_bandwidth_roofline']:.1%}",
                      "mem": e["peak_rss_run_mib"], "check": "ok" if e["check"]["passed"] else "FAILED",
                      "load": harness.share_text(e.get("other_processes_cpu_share"))})

@@ -65,7 +65,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a small workload (a few short requests, small sweep): checks the harness, not the speed")
     parser.add_argument("--json", type=Path, default=None,
-                        help="result file (default: benchmarks/results/offline_cpu.json; --quick: offline_cpu_quick.json)")
+                        help="result file (default: benchmarks/results/offline_cpu.json; --quick: "
+                             "offline_cpu_quick.json)")
     parser.add_argument("--figure", type=Path, default=None,
                         help="figure (default: docs/figures/offline_cpu.png; --quick: next to the JSON)")
 
@@ -240,10 +241,7 @@ def measure(args, engines: list[str]) -> dict:
     specs = {
         "rosellm": common | {
             "engine_options": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_batch_tokens,
-                               "block_size": block_size, "num_kv_blocks": max(blocks, sweep_blocks(args, block_size))},
-            "sweep": {"batch_sizes": args.sweep, "prompt_len": args.sweep_prompt_len,
-                      "decode_steps": args.sweep_steps} if args.sweep else None,
-            "profile_requests": requests if args.profile else None},
+                               "block_size": block_size, "num_kv_blocks": max(blocks, sweep_blocks(args, block_size))}},
         "hf-generate": common | {"batch_size": args.static_batch, "reference_sample": sample,
                                  "reference_tokens": args.check_tokens},
         "hf-continuous": common | {"cb_options": {
@@ -255,7 +253,21 @@ def measure(args, engines: list[str]) -> dict:
     runs = {}
     for name in ENGINES:
         if name in engines:
-            runs[name] = harness.run_worker(name, specs[name], LABELS[name], args.resume)
+            runs[name] = harness.run_worker(name, specs[name], LABELS[name], args.resume, not args.quick)
+        if name == "rosellm" and name in engines and "error" not in runs[name]:
+            # the decode sweep and the profiled run, each in a process of its own (its own peak memory, and
+            # a shorter run to lose if the machine's other users kill it)
+            extra = {key: specs["rosellm"][key] for key in ("model", "threads", "warmup", "engine_options")}
+            if args.sweep:
+                sweep = harness.run_worker("rosellm", extra | {"sweep": {
+                    "batch_sizes": args.sweep, "prompt_len": args.sweep_prompt_len, "decode_steps": args.sweep_steps}},
+                                           "rosellm: decode steps against batch size", args.resume, not args.quick)
+                runs[name]["decode_sweep"] = sweep.get("decode_sweep")
+            if args.profile:
+                profile = harness.run_worker("rosellm", extra | {"profile_requests": requests},
+                                             "rosellm: the same workload again, every part of a step timed",
+                                             args.resume, not args.quick)
+                runs[name]["profile"] = profile.get("profile")
     rates.append(harness.measure_rates(args.quick))
     roof = harness.rooflines(rates, params)
 
@@ -351,10 +363,12 @@ def targets_met(summaries: list[dict]) -> dict:
 def report(result: dict) -> None:
     roof = result["roofline"]
     print()
-    print(f"{result['workload']}: {result['work']['requests']} requests, {result['work']['output_tokens']} useful output "
-          f"tokens, {result['work']['prompt_tokens']} prompt tokens; {result['model']}")
-    print(f"roofline: GEMM {roof['gemm_flops'] / 1e9:.1f} GFLOP/s / (2 x {result['parameters']['roofline'] / 1e6:.1f} M "
-          f"weights) = {roof['compute_tokens_per_s']:.0f} tokens/s; bandwidth {roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
+    work = result["work"]
+    print(f"{result['workload']}: {work['requests']} requests, {work['output_tokens']} useful output tokens, "
+          f"{work['prompt_tokens']} prompt tokens; {result['model']}")
+    print(f"roofline: GEMM {roof['gemm_flops'] / 1e9:.1f} GFLOP/s / (2 x {result['parameters']['roofline'] / 1e6:.1f}"
+          f" M weights) = {roof['compute_tokens_per_s']:.0f} tokens/s; bandwidth "
+          f"{roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
     rows = []
     for s in result["engines"]:
         if "error" in s:
@@ -415,7 +429,8 @@ def plot(result: dict, path: Path) -> None:
     left.tick_params(axis="x", labelsize=8)
     x = list(range(len(engines)))
     width = 0.38
-    for offset, key, label in ((-width / 2, "ttft_ms", "time to first token"), (width / 2, "tpot_ms", "time per output token x 100")):
+    for offset, key, label in ((-width / 2, "ttft_ms", "time to first token"),
+                               (width / 2, "tpot_ms", "time per output token x 100")):
         scale = 100 if key == "tpot_ms" else 1
         med = [s[key]["median"] * scale / 1000 for s in engines]
         p90 = [s[key]["p90"] * scale / 1000 for s in engines]

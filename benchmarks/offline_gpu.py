@@ -139,7 +139,7 @@ def measure(args, model: str) -> dict:
     }
     if "hf-generate" not in engines:
         specs["hf-generate"]["reference_only"], engines = True, engines + ["hf-generate"]
-    runs = {name: harness.run_worker(name, specs[name], LABELS[name], args.resume) for name in
+    runs = {name: harness.run_worker(name, specs[name], LABELS[name], args.resume, not args.quick) for name in
             ("rosellm", "hf-generate", "hf-continuous") if name in engines}
     rates.append(gpu_rates(args.quick))
     roof = harness.rooflines(rates, params, bytes_per_weight=2)

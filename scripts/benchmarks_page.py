@@ -131,8 +131,8 @@ def block_offline(workload: str) -> str:
     out.append(f"Workload: {work['requests']} requests, {work['prompt_tokens']:,} prompt tokens and "
                f"{work['output_tokens']:,} useful output tokens; rosellm with `max_num_seqs={s.get('max_num_seqs')}`, "
                f"{s.get('max_batch_tokens')} tokens per step, a KV pool that holds every request at once; transformers "
-               f"`generate` in static batches of {s.get('static_batch')}; transformers continuous batching with the same "
-               f"limits.\n\n")
+               f"`generate` in static batches of {s.get('static_batch')}; transformers continuous batching with the "
+               f"same limits.\n\n")
     out.append(table(ENGINE_HEADINGS, engine_rows(result), "lrrrrrrrc"))
     bound = work["output_tokens"] * roof["flop_per_token"] / work["dense_flop"]
     out.append(f"\nCompute roofline: {roof['gemm_flops'] / 1e9:.1f} GFLOP/s / (2 × {params['roofline'] / 1e6:.1f} M "
@@ -199,9 +199,9 @@ def block_latency() -> str:
             f"runs per engine.\n\n" +
             table(["engine", "decode tokens/s", "rosellm vs transformers", "TTFT ms", "TPOT ms",
                    "share of bandwidth roofline", "peak RSS MiB", "greedy check"], rows, "lrrrrrrc") +
-            f"\nBandwidth roofline: {roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s / {roof['weight_bytes'] / 1e6:.0f} MB "
-            f"of fp32 weights = **{roof['bandwidth_tokens_per_s']:.0f} tokens/s** (the KV cache, "
-            f"{result['kv_cache_bytes_at_end'] / 1e6:.0f} MB at the last step, comes on top). All "
+            f"\nBandwidth roofline: {roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s / "
+            f"{roof['weight_bytes'] / 1e6:.0f} MB of fp32 weights = **{roof['bandwidth_tokens_per_s']:.0f} tokens/s** "
+            f"(the KV cache, {result['kv_cache_bytes_at_end'] / 1e6:.0f} MB at the last step, comes on top). All "
             f"{s['max_tokens']} tokens identical between the two engines: "
             f"{'yes' if result.get('all_tokens_identical') else 'no'}.\n\n" +
             figure_links(result, ["latency-cpu: decode speed and time to first token"]))
