@@ -18,11 +18,10 @@ import json
 import math
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from .machine import OtherLoad, machine_info
+from .machine import OtherLoad, command_line, machine_info
 
 HELP = "requests arriving over time: chapter 05's scheduler against chapter 07's on one KV pool"
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,7 +184,7 @@ def run(args) -> dict:
         result.pop("tokens")
     report = {
         "workload": "arrivals",
-        "command": " ".join(["python -m benchmarks", *sys.argv[1:]]),
+        "command": command_line(),
         "date": datetime.date.today().isoformat(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "run", "workload")},
         "machine": {**machine_info(), "other_processes_cpu_share": other.share},

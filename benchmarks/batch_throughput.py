@@ -26,12 +26,11 @@ import importlib
 import json
 import random
 import statistics
-import sys
 import time
 from collections import deque
 from pathlib import Path
 
-from .machine import OtherLoad, machine_info
+from .machine import command_line, machine_info, measure_watched
 
 HELP = "output tokens/s against batch size, and the padded share of the merged KV cache (chapter 03)"
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,16 +175,7 @@ def timed_generate(engine, llm, prompts: list[list[int]], max_tokens: int) -> tu
 
 
 def run(args) -> dict:
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with OtherLoad() as other:
-        result = measure(args)
-    result["machine"]["other_processes_cpu_share"] = other.share
-    if other.share and other.share > 0.05:
-        print(f"warning: other processes used {other.share:.0%} of the CPU during the run; "
-              f"the timings are disturbed")
+    result = measure_watched(args, measure)
     json_path = args.json or ROOT / "benchmarks" / "results" / f"batch_throughput_{result['tag']}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=2) + "\n")
@@ -257,7 +247,7 @@ def measure(args) -> dict:
     result = {
         "workload": "batch-throughput",
         "tag": tag,
-        "command": "python -m benchmarks " + " ".join(sys.argv[1:]),
+        "command": command_line(),
         "date": datetime.date.today().isoformat(),
         "checkpoint": args.checkpoint,
         "chapter": chapter,

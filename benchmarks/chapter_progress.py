@@ -11,11 +11,13 @@ checkpoint's tokens must equal transformers' on a sample (one request at a time)
 """
 
 import datetime
+import time
 import importlib
 import re
 from pathlib import Path
 
 from . import harness
+from .machine import command_line
 from .offline_cpu import check_against, output_paths
 
 HELP = "DESIGN §6 chapters: every chapter checkpoint on one small workload (tokens/s per chapter)"
@@ -71,22 +73,12 @@ def run(args) -> dict:
     json_path, _ = output_paths(args, "chapters")
     figure_path = args.figure or (json_path.with_suffix(".png") if args.quick
                                   else harness.FIGURES / "throughput_per_chapter.png")
-    started = datetime.datetime.now()
+    started = time.perf_counter()
     with harness.OtherLoad() as whole:
         result = measure(args)
-    result["other_processes_cpu_share"] = whole.share
-    result["machine"]["other_processes_cpu_share"] = whole.share
-    result["wall_s"] = round((datetime.datetime.now() - started).total_seconds(), 1)
-    result["figures"] = [harness.repo_path(figure_path)]
-    harness.write_json(result, json_path)
-    plot(result, figure_path)
-    report(result)
-    print(f"wrote {json_path} and {figure_path} ({result['wall_s']} s)")
-    harness.warn_if_loaded(whole.share)
-    if not result["correct"]:
-        print("ERROR: a checkpoint's greedy tokens differ from transformers'", flush=True)
-        raise SystemExit(1)
-    return result
+    return harness.finish_run(result, whole.share, started, json_path, [figure_path],
+                              lambda r: plot(r, figure_path), report,
+                              "a checkpoint's greedy tokens differ from transformers'")
 
 
 def measure(args) -> dict:
@@ -142,7 +134,7 @@ def measure(args) -> dict:
     correct = bool(rows) and all(r.get("check", {}).get("passed") for r in rows)
     return {
         "workload": "chapters",
-        "command": harness.command_line(),
+        "command": command_line(),
         "date": datetime.date.today().isoformat(),
         "quick": args.quick,
         "model": args.model or harness.SMOLLM2,

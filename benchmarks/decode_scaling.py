@@ -13,11 +13,10 @@ import importlib
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from .machine import OtherLoad, machine_info
+from .machine import command_line, machine_info, measure_watched
 
 HELP = "milliseconds per decode step against sequence length, for one chapter checkpoint"
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,19 +58,6 @@ def timed_generate(engine, llm, prompt: list[int], max_tokens: int) -> float:
     return elapsed
 
 
-def reproducing_command(argv: list[str]) -> str:
-    """The command line without the output paths, which do not change what is measured."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--json", "--figure"):
-            skip = True
-        elif not arg.startswith(("--json=", "--figure=")):
-            kept.append(arg)
-    return "python -m benchmarks " + " ".join(kept)
-
-
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares intercept and slope of y = a + b x."""
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
@@ -80,16 +66,7 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def run(args) -> dict:
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with OtherLoad() as other:
-        result = measure(args)
-    result["machine"]["other_processes_cpu_share"] = other.share
-    if other.share and other.share > 0.05:
-        print(f"warning: other processes used {other.share:.0%} of the CPU during the run; "
-              f"the timings are disturbed")
+    result = measure_watched(args, measure)
     json_path = args.json or ROOT / "benchmarks" / "results" / f"decode_scaling_{result['tag']}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=2) + "\n")
@@ -162,7 +139,7 @@ def measure(args) -> dict:
     result = {
         "workload": "decode-scaling",
         "tag": tag,
-        "command": reproducing_command(sys.argv[1:]),
+        "command": command_line(),
         "date": datetime.date.today().isoformat(),
         "checkpoint": args.checkpoint,
         "chapter": chapter,

@@ -326,8 +326,23 @@ def repo_path(path: Path) -> str:
         return str(path)
 
 
-def command_line() -> str:
-    return "python -m benchmarks " + " ".join(sys.argv[1:])
+def finish_run(result: dict, other_share: float | None, started: float, json_path: Path, figures: list[Path],
+               draw, report, wrong_engine: str) -> dict:
+    """Stamp a measured run (other processes' CPU share, wall time, figures), write its JSON, draw its figures
+    with `draw(result)`, print `report(result)`, and exit with an error if an engine's tokens were wrong."""
+    result["other_processes_cpu_share"] = other_share
+    result["machine"]["other_processes_cpu_share"] = other_share
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    result["figures"] = [repo_path(path) for path in figures]
+    write_json(result, json_path)
+    draw(result)
+    report(result)
+    print(f"wrote {json_path} and {', '.join(result['figures'])} ({result['wall_s']} s)")
+    warn_if_loaded(other_share)
+    if not result["correct"]:
+        print(f"ERROR: {wrong_engine}", file=sys.stderr)
+        raise SystemExit(1)
+    return result
 
 
 def warn_if_loaded(share: float | None) -> None:

@@ -10,9 +10,11 @@ goes through). rosellm's decode tokens/s (after the first token) is set against 
 """
 
 import datetime
+import time
 from pathlib import Path
 
 from . import harness
+from .machine import command_line
 from .offline_cpu import check_against, output_paths
 
 HELP = "DESIGN §6 latency-cpu: one request (128-token prompt, 256 tokens), rosellm vs transformers at batch 1"
@@ -44,22 +46,12 @@ def run(args) -> dict:
         args.repeats = 1 if args.repeats == 3 else args.repeats
         args.check_tokens = 4 if args.check_tokens == 16 else args.check_tokens
     json_path, figure_path = output_paths(args, "latency_cpu")
-    started = datetime.datetime.now()
+    started = time.perf_counter()
     with harness.OtherLoad() as whole:
         result = measure(args)
-    result["other_processes_cpu_share"] = whole.share
-    result["machine"]["other_processes_cpu_share"] = whole.share
-    result["wall_s"] = round((datetime.datetime.now() - started).total_seconds(), 1)
-    result["figures"] = [harness.repo_path(figure_path)]
-    harness.write_json(result, json_path)
-    plot(result, figure_path)
-    report(result)
-    print(f"wrote {json_path} and {figure_path} ({result['wall_s']} s)")
-    harness.warn_if_loaded(whole.share)
-    if not result["correct"]:
-        print("ERROR: rosellm's greedy tokens differ from transformers'", flush=True)
-        raise SystemExit(1)
-    return result
+    return harness.finish_run(result, whole.share, started, json_path, [figure_path],
+                              lambda r: plot(r, figure_path), report,
+                              "rosellm's greedy tokens differ from transformers'")
 
 
 def decode_stats(run: dict, max_tokens: int) -> dict:
@@ -121,7 +113,7 @@ def measure(args) -> dict:
     kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
     return {
         "workload": "latency-cpu",
-        "command": harness.command_line(),
+        "command": command_line(),
         "date": datetime.date.today().isoformat(),
         "quick": args.quick,
         "model": args.model or harness.SMOLLM2,

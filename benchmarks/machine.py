@@ -3,6 +3,7 @@ mean little."""
 
 import os
 import platform
+import sys
 from pathlib import Path
 
 
@@ -67,3 +68,32 @@ class OtherLoad:
             return None
         total, busy, own = (end - start for end, start in zip(self.end, self.start))
         return round(max(busy - own, 0.0) / total, 3) if total > 0 else None
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that reproduces a run, without the output paths (they do not change what is measured)."""
+    kept, skip = [], False
+    for arg in sys.argv[1:] if argv is None else argv:
+        if skip:
+            skip = False
+        elif arg in ("--json", "--figure"):
+            skip = True
+        elif not arg.startswith(("--json=", "--figure=")):
+            kept.append(arg)
+    return "python -m benchmarks " + " ".join(kept)
+
+
+def measure_watched(args, measure) -> dict:
+    """`measure(args)` with torch's threads set from `--threads`, recording (and warning about) the share of
+    the CPU other processes used meanwhile."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with OtherLoad() as other:
+        result = measure(args)
+    result["machine"]["other_processes_cpu_share"] = other.share
+    if other.share and other.share > 0.05:
+        print(f"warning: other processes used {other.share:.0%} of the CPU during the run; "
+              f"the timings are disturbed")
+    return result

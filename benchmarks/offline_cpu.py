@@ -19,11 +19,12 @@ the compute roofline is GEMM rate / (2 x (non-embedding weights + LM head)) toke
 """
 
 import datetime
+import time
 import math
-import sys
 from pathlib import Path
 
 from . import harness
+from .machine import command_line
 
 HELP = "DESIGN §6 offline-cpu: 64 random requests, rosellm vs transformers generate and continuous batching"
 
@@ -190,6 +191,25 @@ def summarize_engine(name: str, run: dict, requests: list, work: dict, roof: dic
 # --- the workload ---------------------------------------------------------------------------------------
 
 
+
+def summarize_runs(runs: dict, reference_only: bool, requests: list, work: dict, roof: dict) -> tuple[list, dict]:
+    """Each engine's summary, with its speed ratio to rosellm and its check against transformers' reference
+    (kept by the hf-generate run; not an engine of its own when it ran `reference_only`)."""
+    reference = runs["hf-generate"].get("reference", {})
+    summaries, checks = [], {}
+    for name, r in runs.items():
+        if name == "hf-generate" and reference_only:
+            continue
+        summaries.append(summarize_engine(name, r, requests, work, roof))
+        if "tokens" in r:
+            checks[name] = check_against(reference, r["tokens"])
+    rosellm = next((s for s in summaries if s["engine"] == "rosellm" and "error" not in s), None)
+    for s in summaries:
+        if rosellm and "error" not in s:
+            s["rosellm_ratio"] = round(rosellm["output_tokens_per_s"] / s["output_tokens_per_s"], 2)
+        s["check_passed"] = checks.get(s["engine"], {}).get("passed")
+    return summaries, checks
+
 def run(args) -> dict:
     apply_quick(args)
     json_path, figure_path = output_paths(args, "offline_cpu")
@@ -197,25 +217,13 @@ def run(args) -> dict:
     unknown = set(engines) - set(ENGINES)
     if unknown:
         raise SystemExit(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
-    started = datetime.datetime.now()
+    started = time.perf_counter()
     with harness.OtherLoad() as whole:
         result = measure(args, engines)
-    result["other_processes_cpu_share"] = whole.share
-    result["machine"]["other_processes_cpu_share"] = whole.share
-    result["wall_s"] = round((datetime.datetime.now() - started).total_seconds(), 1)
-    result["figures"] = [harness.repo_path(figure_path)]
-    if result["decode_sweep"]:
-        result["figures"].append(harness.repo_path(sweep_figure_path(figure_path)))
-    harness.write_json(result, json_path)
-    plot(result, figure_path)
-    report(result)
-    print(f"wrote {json_path} and {', '.join(result['figures'])} ({result['wall_s']} s)")
-    harness.warn_if_loaded(whole.share)
-    if not result["correct"]:
-        print("ERROR: rosellm's greedy tokens differ from transformers' (see 'check'): the numbers above measure "
-              "a wrong engine", file=sys.stderr)
-        raise SystemExit(1)
-    return result
+    figures = [figure_path] + ([sweep_figure_path(figure_path)] if result["decode_sweep"] else [])
+    return harness.finish_run(result, whole.share, started, json_path, figures, lambda r: plot(r, figure_path),
+                              report, "rosellm's greedy tokens differ from transformers' (see 'check'): the "
+                              "numbers above measure a wrong engine")
 
 
 def measure(args, engines: list[str]) -> dict:
@@ -271,19 +279,7 @@ def measure(args, engines: list[str]) -> dict:
     rates.append(harness.measure_rates(args.quick))
     roof = harness.rooflines(rates, params)
 
-    reference = runs["hf-generate"].get("reference", {})
-    summaries, checks = [], {}
-    for name, r in runs.items():
-        if name == "hf-generate" and specs["hf-generate"].get("reference_only"):
-            continue
-        summaries.append(summarize_engine(name, r, requests, work, roof))
-        if "tokens" in r:
-            checks[name] = check_against(reference, r["tokens"])
-    rosellm = next((s for s in summaries if s["engine"] == "rosellm" and "error" not in s), None)
-    for s in summaries:
-        if rosellm and "error" not in s:
-            s["rosellm_ratio"] = round(rosellm["output_tokens_per_s"] / s["output_tokens_per_s"], 2)
-        s["check_passed"] = checks.get(s["engine"], {}).get("passed")
+    summaries, checks = summarize_runs(runs, specs["hf-generate"].get("reference_only"), requests, work, roof)
     agree = {}
     if "rosellm" in runs and "tokens" in runs["rosellm"]:
         for name, r in runs.items():
@@ -296,7 +292,7 @@ def measure(args, engines: list[str]) -> dict:
     targets = targets_met(summaries)
     return {
         "workload": "offline-cpu",
-        "command": harness.command_line(),
+        "command": command_line(),
         "date": datetime.date.today().isoformat(),
         "quick": args.quick,
         "model": args.model or harness.SMOLLM2,

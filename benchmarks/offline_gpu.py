@@ -14,13 +14,15 @@ device exists it says so and exits (status 0) without writing a result.
 """
 
 import datetime
+import time
 import sys
 import tempfile
 from pathlib import Path
 
 from . import harness
-from .offline_cpu import (LABELS, agreement, check_against, kv_blocks_needed, output_paths, report,
-                          summarize_engine, targets_met, workload_work)
+from .machine import command_line
+from .offline_cpu import (LABELS, agreement, kv_blocks_needed, output_paths, report, summarize_runs, targets_met,
+                          workload_work)
 
 HELP = "DESIGN §6 offline-gpu: nano-vllm's workload (256 seqs, ~0.6B random Llama, bf16) vs transformers; CUDA only"
 
@@ -89,7 +91,7 @@ def run(args) -> dict | None:
         args.max_tokens = [8, 32] if args.max_tokens == [100, 1024] else args.max_tokens
         args.static_batch = 4 if args.static_batch == 64 else args.static_batch
     json_path, figure_path = output_paths(args, "offline_gpu")
-    started = datetime.datetime.now()
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rosellm-gpu-model-") as tmp, harness.OtherLoad() as whole:
         model = args.model
         if model is None:
@@ -98,17 +100,9 @@ def run(args) -> dict | None:
             print("writing a random Qwen3-0.6B-shaped Llama (bf16) to a temporary folder ...", flush=True)
             model = str(write_random_model(Path(tmp), shape))
         result = measure(args, model)
-    result["other_processes_cpu_share"] = whole.share
-    result["wall_s"] = round((datetime.datetime.now() - started).total_seconds(), 1)
-    result["figures"] = [harness.repo_path(figure_path)]
-    harness.write_json(result, json_path)
-    plot_gpu(result, figure_path)
-    report(result)
-    print(f"wrote {json_path} and {figure_path} ({result['wall_s']} s)")
-    if not result["correct"]:
-        print("ERROR: rosellm's first greedy tokens differ from transformers'", file=sys.stderr)
-        raise SystemExit(1)
-    return result
+    return harness.finish_run(result, whole.share, started, json_path, [figure_path],
+                              lambda r: plot_gpu(r, figure_path), report,
+                              "rosellm's first greedy tokens differ from transformers'")
 
 
 def measure(args, model: str) -> dict:
@@ -143,19 +137,8 @@ def measure(args, model: str) -> dict:
             ("rosellm", "hf-generate", "hf-continuous") if name in engines}
     rates.append(gpu_rates(args.quick))
     roof = harness.rooflines(rates, params, bytes_per_weight=2)
-    reference = runs["hf-generate"].get("reference", {})
-    summaries, checks = [], {}
-    for name, r in runs.items():
-        if name == "hf-generate" and specs["hf-generate"].get("reference_only"):
-            continue
-        summaries.append(summarize_engine(name, r, requests, work, roof))
-        if "tokens" in r:
-            checks[name] = check_against(reference, r["tokens"])
-    rosellm = next((s for s in summaries if s["engine"] == "rosellm" and "error" not in s), None)
+    summaries, checks = summarize_runs(runs, specs["hf-generate"].get("reference_only"), requests, work, roof)
     for s in summaries:
-        if rosellm and "error" not in s:
-            s["rosellm_ratio"] = round(rosellm["output_tokens_per_s"] / s["output_tokens_per_s"], 2)
-        s["check_passed"] = checks.get(s["engine"], {}).get("passed")
         s["peak_cuda_allocated_mib"] = (s.get("memory") or {}).get("peak_cuda_allocated_mib")
     # bf16 on random weights: the first token (the prefill's) must agree; later ones may flip on near-ties
     first_ok = all(m["first_difference_at"] > 0 for m in checks.get("rosellm", {}).get("mismatches", []))
@@ -163,7 +146,7 @@ def measure(args, model: str) -> dict:
              for n, r in runs.items() if n != "rosellm" and r.get("tokens") and runs.get("rosellm", {}).get("tokens")}
     return {
         "workload": "offline-gpu",
-        "command": harness.command_line(),
+        "command": command_line(),
         "date": datetime.date.today().isoformat(),
         "quick": args.quick,
         "model": "random Llama with Qwen3-0.6B's shape (bf16)" if args.model is None else args.model,

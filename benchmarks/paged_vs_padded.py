@@ -30,11 +30,10 @@ import importlib
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from .machine import OtherLoad, machine_info
+from .machine import command_line, machine_info, measure_watched
 
 HELP = "chapter 05's paged KV pool vs chapter 03's padded caches: KV memory use, throughput, requests per budget"
 ROOT = Path(__file__).resolve().parent.parent
@@ -324,16 +323,7 @@ def measure_budget(args, ch05, common: dict) -> dict:
 
 
 def run(args) -> dict:
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with OtherLoad() as other:
-        result = measure(args)
-    result["machine"]["other_processes_cpu_share"] = other.share
-    if other.share and other.share > 0.05:
-        print(f"warning: other processes used {other.share:.0%} of the CPU during the run; "
-              f"the timings are disturbed")
+    result = measure_watched(args, measure)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.figure)
@@ -347,7 +337,7 @@ def measure(args) -> dict:
     parts = set(args.parts.split(","))
     ch03, ch05 = importlib.import_module(CH03), importlib.import_module(CH05)
     common = {"model": args.model, "device": args.device, "max_model_len": args.max_model_len}
-    result = {"workload": "paged-vs-padded", "command": "python -m benchmarks " + " ".join(sys.argv[1:]),
+    result = {"workload": "paged-vs-padded", "command": command_line(),
               "date": datetime.date.today().isoformat(), "checkpoints": [CH03, CH05],
               "model": args.model or "SmolLM2-135M-Instruct (bundled GGUF, dequantized)",
               "settings": {k: v for k, v in vars(args).items() if k not in ("json", "figure", "run")},

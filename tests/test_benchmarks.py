@@ -114,3 +114,36 @@ def test_benchmarks_page_is_up_to_date_with_the_committed_results():
     done = subprocess.run([sys.executable, "scripts/benchmarks_page.py", "--check"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+# --- the chapter workloads (the measurements quoted on the chapter pages), on tiny settings ------------------
+
+CHAPTER_WORKLOADS = {
+    "decode-scaling": ["--checkpoint", "chapters.ch02_kv_cache.rosellm", "--lengths", "8,16", "--steps", "2",
+                       "--repeats", "1", "--total-tokens", "0"],
+    "batch-throughput": ["--batch-sizes", "1,2", "--prompt-len", "8", "--max-tokens", "4", "--repeats", "1",
+                         "--mixed-requests", "3", "--mixed-len", "4", "16", "--mixed-tokens", "4"],
+    # a 1 MiB budget holds 16 of the tiny model's requests of up to 256 tokens (part c needs it to)
+    "paged-vs-padded": ["--max-model-len", "256", "--block-size", "4", "--mixed-prompts", "3", "--mixed-lengths",
+                        "4,24", "--mixed-max-tokens", "4", "--batches", "2", "--throughput-requests", "3",
+                        "--throughput-lengths", "4,16", "--throughput-max-tokens", "2,4", "--repeats", "1",
+                        "--budget-mib", "1", "--budget-requests", "16"],
+    "arrivals": ["--requests", "4", "--every", "1", "--prompt-len", "4", "12", "--max-tokens", "4", "8",
+                 "--block-size", "4", "--num-kv-blocks", "12"],
+}
+
+
+@pytest.mark.parametrize("workload", list(CHAPTER_WORKLOADS))
+def test_chapter_workload_runs_and_records_its_machine(workload, tiny_gqa, tmp_path):
+    json_path = tmp_path / "result.json"
+    args = [workload, *CHAPTER_WORKLOADS[workload], "--model", str(tiny_gqa), "--threads", "1",
+            "--json", str(json_path)]
+    if workload != "arrivals":
+        args += ["--figure", str(tmp_path / "figure.png")]
+    done = bench(*args)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(json_path.read_text())
+    assert result["command"].startswith(f"python -m benchmarks {workload}") and "--json" not in result["command"]
+    assert "other_processes_cpu_share" in result["machine"] and result["machine"]["torch_threads"] == 1
+    if workload != "arrivals":
+        assert (tmp_path / "figure.png").stat().st_size > 0
