@@ -69,14 +69,12 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     longest sequence). Each query head reads its KV head in place (`enable_gqa`), without copies.
     The groups depend only on the metadata, so they are planned once per forward for every layer.
     """
-    plan = getattr(metadata, "_torch_attention_plan", None)
-    if plan is None:
+    if metadata.torch_attention_plan is None:
         query_lens = (metadata.query_start_loc[1:] - metadata.query_start_loc[:-1]).tolist()
-        plan = [GroupPlan(rows, metadata, key_cache.shape[1])
-                for rows in padding_groups(query_lens, metadata.seq_lens.tolist())]
-        metadata._torch_attention_plan = plan
+        metadata.torch_attention_plan = [GroupPlan(rows, metadata, key_cache.shape[1])
+                                         for rows in padding_groups(query_lens, metadata.seq_lens.tolist())]
     out = torch.empty_like(query)
-    for group in plan:
+    for group in metadata.torch_attention_plan:
         group.attend(query, key_cache, value_cache, out)
     return out
 
@@ -135,8 +133,7 @@ class GroupPlan:
             padded[self.is_query] = query[self.tokens]
         result = F.scaled_dot_product_attention(
             padded.transpose(1, 2),  # [size, heads, max_query_len, head_dim]
-            keys.transpose(1, 2),  # [size, kv_heads, keys, head_dim]: query head h reads KV head
-            # h // (heads / kv_heads)
+            keys.transpose(1, 2),  # [size, kv_heads, keys, head_dim]; head h reads KV head h // group
             values.transpose(1, 2),
             attn_mask=self.mask,
             enable_gqa=True,
