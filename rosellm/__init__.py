@@ -1,9 +1,10 @@
 """rosellm: an LLM inference engine built from scratch, one chapter at a time."""
 
+from .engine_config import EngineConfig
 from .llm import LLM
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
 __chapter__ = "07_continuous_batching"
-__all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

@@ -1,6 +1,6 @@
 """What one forward needs to know about the batch, as tensors: the only view of it the model gets."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -14,8 +14,6 @@ class AttentionMetadata:
     query_start_loc: [batch + 1]   sequence b's new tokens are rows query_start_loc[b] : query_start_loc[b + 1]
     seq_lens:        [batch]       tokens of each sequence once this step's are stored (cached + new)
     block_tables:    [batch, max_blocks]  the blocks of each sequence, in order, -1 for none
-    torch_attention_plan: the PyTorch attention's grouping of the rows, made by the first layer that needs
-                     it and reused by the others (it depends on nothing else)
     """
 
     positions: torch.Tensor
@@ -25,7 +23,6 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     max_query_len: int
     max_seq_len: int
-    torch_attention_plan: list | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, new_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor, block_size: int,

@@ -9,12 +9,13 @@ from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | dict
 
 
 class LLM:
-    """Load a model and generate text. `engine_options` go to `LLMEngine` (max_model_len, max_num_seqs,
-    max_num_batched_tokens, block_size, num_kv_blocks, kv_cache_memory, watermark, attention_backend)."""
+    """Load a model and generate text. `engine_options` are the fields of `EngineConfig` (max_model_len,
+    max_num_seqs, max_num_batched_tokens, block_size, num_kv_blocks, kv_cache_memory, watermark,
+    attention_backend)."""
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
         self.llm_engine = LLMEngine(model, device, dtype, **engine_options)
@@ -24,31 +25,40 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params=None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt, continuously batched; outputs come back in input order."""
+        """Generate for every prompt, continuously batched; outputs come back in input order.
+        Left by any exception (Ctrl-C included), it aborts its requests: nothing stays queued."""
         request_ids = self._add_requests(prompts, sampling_params)
         outputs = {}
-        with tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm) as progress:
-            while self.llm_engine.has_unfinished_requests():
-                for output in self.llm_engine.step():
-                    if output.finished:
-                        outputs[output.request_id] = output
-                        progress.update(1)
+        try:
+            with tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm) as progress:
+                while len(outputs) < len(request_ids):
+                    for output in self.llm_engine.step():
+                        if output.finished:
+                            outputs[output.request_id] = output
+                            progress.update(1)
+        finally:
+            self._abort(request_id for request_id in request_ids if request_id not in outputs)
         return [outputs[request_id] for request_id in request_ids]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None
                ) -> Generator[str, None, RequestOutput]:
         """Generate for one prompt, yielding text pieces as soon as they are complete characters.
-        The generator's return value (`StopIteration.value`) is the finished `RequestOutput`."""
+        The generator's return value (`StopIteration.value`) is the finished `RequestOutput`.
+        Closing it early (or an exception) aborts the request."""
         [request_id] = self._add_requests([prompt], sampling_params)
-        emitted = 0
-        while True:
-            for output in self.llm_engine.step():
-                if output.request_id == request_id:
-                    if len(output.text) > emitted:
-                        yield output.text[emitted:]
-                        emitted = len(output.text)
-                    if output.finished:
-                        return output
+        emitted, finished = 0, False
+        try:
+            while not finished:
+                for output in self.llm_engine.step():
+                    if output.request_id == request_id:
+                        finished = output.finished
+                        if len(output.text) > emitted:
+                            yield output.text[emitted:]
+                            emitted = len(output.text)
+        finally:
+            if not finished:
+                self._abort([request_id])
+        return output
 
     def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits [seq, vocab_size] at every position of one sequence: what tests compare with
@@ -56,31 +66,32 @@ class LLM:
         return self.llm_engine.prompt_logits(list(token_ids))
 
     def _add_requests(self, prompts, sampling_params) -> list[str]:
-        """Queue every prompt, or none: bad input anywhere raises before any work starts."""
+        """Queue every prompt, or none: any exception while queueing takes back what was queued."""
         prompts = normalize_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+            sampling_params = [sampling_params] * len(prompts)
+        sampling_params = list(sampling_params)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
         request_ids = []
         try:
             for prompt, params in zip(prompts, sampling_params):
                 request_ids.append(self.llm_engine.add_request(None, prompt, params))
-        except (ValueError, TypeError):
-            for request_id in request_ids:
-                self.llm_engine.abort_request(request_id)
+        except BaseException:
+            self._abort(request_ids)
             raise
         return request_ids
 
+    def _abort(self, request_ids) -> None:
+        for request_id in list(request_ids):
+            self.llm_engine.abort_request(request_id)
+
 
 def normalize_prompts(prompts) -> list[Prompt]:
-    """A str, a list of str, one list of token ids, or a list of token-id lists -> a list of prompts."""
-    if isinstance(prompts, str):
+    """A str, a dict, a list of token ids, or a list of those -> a list of prompts (checked when queued)."""
+    if isinstance(prompts, (str, dict)):
         return [prompts]
     prompts = list(prompts)
     if prompts and all(isinstance(p, int) for p in prompts):
         return [prompts]
-    for p in prompts:
-        if not isinstance(p, str) and not (isinstance(p, Sequence) and all(isinstance(t, int) for t in p)):
-            raise TypeError(f"a prompt must be a str or a list of token ids, got {type(p).__name__}")
     return prompts

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention_backend import TORCH_BACKEND, AttentionBackend
+from .attention_backend import REFERENCE_BACKEND
 from .attention_metadata import AttentionMetadata
 from .config import ModelConfig
 from .kv_pool import KVPool
@@ -90,7 +90,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
-        self.backend = TORCH_BACKEND  # whose store_kv and paged_attention run: PyTorch's or Triton's
+        self.backend = REFERENCE_BACKEND  # whose store_kv and paged_attention run (attention_backend.py)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata,
                 kv_pool: KVPool) -> torch.Tensor:
@@ -168,7 +168,7 @@ class LlamaForCausalLM(nn.Module):
         through `metadata.block_tables`."""
         return self.model(input_ids, metadata, kv_pool)
 
-    def set_attention_backend(self, backend: AttentionBackend) -> None:
+    def set_attention_backend(self, backend) -> None:
         for layer in self.model.layers:
             layer.self_attn.backend = backend
 

@@ -10,7 +10,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)  # generated tokens, the stop token included
     text: str = ""  # generated text, special tokens skipped
-    # "stop" (EOS or a stop token) | "length" (max_tokens or max_model_len) | "abort" (abort_request)
+    # "stop" (EOS or a stop token) | "length" (max_tokens or max_model_len) | None (not finished)
     finish_reason: str | None = None
 
     @property

@@ -4,6 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+LAST_CHAPTER = 6  # chapter 07 keeps block tables on the sequences (see its test_block_manager.py)
+
 
 def test_allocate_until_the_pool_is_exhausted(checkpoint):
     manager = checkpoint.block_manager.BlockManager(num_blocks=8, block_size=4)

@@ -10,7 +10,7 @@ def test_all_blocks_are_free_after_generate(checkpoint, tiny_model_dirs):
     total = llm.block_manager.num_total_blocks
     llm.generate(MIXED_PROMPTS, checkpoint.SamplingParams(temperature=0, max_tokens=9), use_tqdm=False)
     assert llm.block_manager.num_free_blocks == total
-    assert not llm.block_manager.block_tables
+    assert all(count == 0 for count in llm.block_manager.allocator.ref_counts)
 
 
 def test_a_small_pool_is_reused_across_requests(checkpoint, tiny_model_dirs):

@@ -58,7 +58,7 @@ def test_triton_engine_gives_the_torch_engine_tokens(checkpoint, tiny_model_dirs
 def test_backend_names_and_defaults(checkpoint):
     choose = checkpoint.attention_backend.get_attention_backend
     assert choose(None, "cpu").name == "torch"
-    assert choose("torch", "cpu") is checkpoint.attention_backend.TORCH_BACKEND
+    assert choose("torch", "cpu").name == "torch"
     assert choose(None, torch.device("cuda")).name == "triton"  # needs no GPU: nothing runs
     with pytest.raises(ValueError, match="'torch', 'triton'"):
         choose("flash", "cpu")

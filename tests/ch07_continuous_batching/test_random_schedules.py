@@ -17,21 +17,21 @@ def solo(checkpoint, model_dir, prompt: tuple[int, ...], max_tokens: int) -> lis
 
 
 def check_invariants(engine) -> None:
+    """Between steps: each sequence's record alone says what it holds, and the pool agrees with it."""
     scheduler, manager = engine.scheduler, engine.block_manager
     running = [seq.request_id for seq in scheduler.running]
     waiting = [seq.request_id for seq in scheduler.waiting]
     assert not set(running) & set(waiting)
     assert len(running) <= scheduler.max_num_seqs
-    assert set(manager.block_tables) == set(running)  # only running sequences hold blocks
-    assert scheduler.batch.seq_ids == running  # the batch rows are the running sequences
-    for row, seq in enumerate(scheduler.running):
-        assert manager.num_tokens[seq.request_id] == seq.num_cached_tokens == int(scheduler.batch.seq_lens[row])
-        assert len(manager.block_tables[seq.request_id]) == manager.blocks_needed(seq.num_cached_tokens)
+    for seq in scheduler.running:  # every token but the last sampled one is computed, in exactly its blocks
+        assert seq.num_computed_tokens == seq.num_tokens - 1
+        assert len(seq.block_table) == manager.blocks_needed(seq.num_computed_tokens)
     for seq in scheduler.waiting:
-        assert seq.num_cached_tokens == 0
-    owned = [block for table in manager.block_tables.values() for block in table]
+        assert seq.num_computed_tokens == 0 and seq.block_table == []
+    owned = [block for seq in scheduler.running for block in seq.block_table]
     assert len(owned) == len(set(owned))  # no block owned twice
     assert len(owned) + manager.num_free_blocks == manager.num_total_blocks
+    assert all(manager.allocator.ref_counts[block] == 1 for block in owned)
 
 
 request = st.tuples(
