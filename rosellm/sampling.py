@@ -41,7 +41,7 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.seed is not None and not 0 <= integer("seed", self.seed) < MAX_SEED:
             raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed}")
-        stop = self.stop_token_ids or []
+        stop = [] if self.stop_token_ids is None else self.stop_token_ids
         if not isinstance(stop, (list, tuple)):
             raise ValueError(f"stop_token_ids must be a list of token ids, got {stop!r}")
         self.stop_token_ids = [integer("stop_token_ids", t) for t in stop]
@@ -82,6 +82,7 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     # A token is dropped when the tokens ranked above it already reach p.
     mass_before = probs.cumsum(dim=-1) - probs
     drop_sorted = mass_before >= p
+    drop_sorted[..., 0] = False  # the most likely token always stays (a tiny p rounds to 0 in fp32)
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
