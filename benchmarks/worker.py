@@ -182,21 +182,22 @@ class StepProfile:
     gemm         the decoder's nn.Linear layers (q, k, v, o, gate, up, down projections)
     attention    the attention backend: store_kv + paged_attention (gather through block tables, SDPA)
     other_model  the rest of the forward: embedding, RMSNorm, rotary, SwiGLU's activation, residuals
-    lm_head      LLM head on each sequence's last token (InferenceEngine.last_token_logits)
+    lm_head      LLM head on each sequence's last token (ModelRunner.last_token_logits)
     sampling     the sampler (one argmax over all the greedy rows)
     python_rest  the rest of step(): per-row bookkeeping, detokenization, outputs, Python overhead
     """
 
     def __init__(self, engine):
         import rosellm.attention_metadata as metadata_module
+        import types
+
         import rosellm.llm_engine as engine_module
-        from rosellm.attention_backend import AttentionBackend
 
         self.totals = {key: 0.0 for key in ("scheduling", "metadata", "gemm", "attention", "lm_head", "sampling")}
         self.step_s = 0.0
         self.forward_s = 0.0
         self.steps = 0
-        scheduler, inference = engine.scheduler, engine.inference_engine
+        scheduler, inference = engine.scheduler, engine.model_runner
         scheduler.schedule = self._timed(scheduler.schedule, "scheduling")
         scheduler.finish = self._timed(scheduler.finish, "scheduling")
         inference.last_token_logits = self._timed(inference.last_token_logits, "lm_head")
@@ -214,9 +215,11 @@ class StepProfile:
 
         inference.forward = timed_forward
         backend = inference.attention_backend
-        inference.model.set_attention_backend(AttentionBackend(
-            backend.name, self._timed(backend.store_kv, "attention"),
-            self._timed(backend.paged_attention, "attention")))
+        inference.attention_backend = types.SimpleNamespace(
+            name=backend.name, begin_forward=self._timed(backend.begin_forward, "attention"),
+            store_kv=self._timed(backend.store_kv, "attention"),
+            paged_attention=self._timed(backend.paged_attention, "attention"))
+        inference.model.set_attention_backend(inference.attention_backend)
         import torch
 
         lm_head = inference.model.lm_head
