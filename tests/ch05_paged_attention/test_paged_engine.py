@@ -76,5 +76,5 @@ def test_smollm2_on_a_small_pool_matches_transformers(checkpoint, smollm2_hf, sm
     outputs = llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
     for output in outputs:
         assert output.token_ids == hf_greedy(smollm2_hf, output.prompt_token_ids, 32)
-    assert any(len(seqs) > 1 for seqs in owners.values())
+    assert len(set(allocated)) < len(allocated)  # blocks were freed and handed out again
     assert llm.block_manager.num_free_blocks == 7
