@@ -72,6 +72,13 @@ def run(checkpoint, engine, seeded: bool, fail_at: int | None = None, patch=None
 
     if patch is not None:
         patch(engine, should_fail)
+    plans, schedule = [], engine.scheduler.schedule
+
+    def recording_schedule():
+        plans.append(schedule())
+        return plans[-1]
+
+    engine.scheduler.schedule = recording_schedule
     tokens, kinds, step = {}, [], 0
     while step < 6 or engine.has_unfinished_requests():
         step += 1
@@ -79,16 +86,11 @@ def run(checkpoint, engine, seeded: bool, fail_at: int | None = None, patch=None
             if arrival == step:
                 engine.add_request(str(index), prompt, params(checkpoint, max_tokens, seeded))
         before = snapshot(engine)
-        schedule = engine.scheduler.schedule
-        plans = []
-        engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
         try:
             outputs = engine.step()
         except Injected:
             assert_same(before, snapshot(engine))
             outputs = engine.step()  # the same step again
-        finally:
-            engine.scheduler.schedule = schedule
         plan = plans[-1]
         kinds.append("preempt" if plan.preempted else "mixed" if 0 < plan.num_prefills < len(plan.scheduled)
                      else "prefill" if plan.num_prefills else "decode")
