@@ -46,19 +46,18 @@ class LLM:
         The generator's return value (`StopIteration.value`) is the finished `RequestOutput`.
         Closing it early (or an exception) aborts the request."""
         [request_id] = self._add_requests([prompt], sampling_params)
-        emitted, finished = 0, False
+        emitted, final = 0, None
         try:
-            while not finished:
+            while request_id in self.llm_engine.requests:  # until it finishes (or someone aborts it)
                 for output in self.llm_engine.step():
                     if output.request_id == request_id:
-                        finished = output.finished
+                        final = output
                         if len(output.text) > emitted:
                             yield output.text[emitted:]
                             emitted = len(output.text)
         finally:
-            if not finished:
-                self._abort([request_id])
-        return output
+            self._abort([request_id])  # nothing to do if it finished
+        return final
 
     def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits [seq, vocab_size] at every position of one sequence: what tests compare with

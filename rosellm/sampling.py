@@ -82,7 +82,7 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     # A token is dropped when the tokens ranked above it already reach p.
     mass_before = probs.cumsum(dim=-1) - probs
     drop_sorted = mass_before >= p
-    drop_sorted[..., 0] = False  # the most likely token always stays (a tiny p rounds to 0 in fp32)
+    drop_sorted[..., 0] = False  # the most likely token stays, even for a p that float32 rounds to 0
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

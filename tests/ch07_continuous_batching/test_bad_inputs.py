@@ -220,3 +220,12 @@ def test_random_sampling_params_run_or_are_refused(checkpoint, llm, kwargs):
             assert "stop_token_ids" in str(error)
     assert not llm.llm_engine.has_unfinished_requests()
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_total_blocks
+
+
+def test_a_stream_whose_request_is_aborted_ends(checkpoint, llm, expected):
+    stream = llm.stream(GOOD_PROMPT, checkpoint.SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    next(stream)
+    [request_id] = llm.llm_engine.requests
+    assert llm.llm_engine.abort_request(request_id)
+    assert list(stream) == []  # the generator ends instead of stepping an idle engine forever
+    assert_idle_and_correct(checkpoint, llm, expected)

@@ -1,13 +1,21 @@
 """Sampling parameters and the sampler: greedy, temperature, top-k, top-p, per-request seeds."""
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
 
+# Temperatures below this are greedy, as in vLLM: dividing logits by a tinier one overflows to inf.
+GREEDY_TEMPERATURE = 1e-5
+MAX_SEED = 2**64  # what torch.Generator.manual_seed accepts: [0, 2**64)
+
+
 @dataclass
 class SamplingParams:
-    """How to pick each next token. `temperature=0` means greedy."""
+    """How to pick each next token. `temperature` below GREEDY_TEMPERATURE (e.g. 0) means greedy.
+    Bad values raise ValueError naming the field and its limit."""
 
     temperature: float = 1.0
     top_k: int = 0  # 0: no top-k filter
@@ -18,19 +26,44 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        self.temperature = real("temperature", self.temperature)
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        self.top_p = real("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        self.top_k = integer("top_k", self.top_k)
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        self.max_tokens = integer("max_tokens", self.max_tokens)
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.seed is not None and not 0 <= integer("seed", self.seed) < MAX_SEED:
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed}")
+        stop = [] if self.stop_token_ids is None else self.stop_token_ids
+        if not isinstance(stop, (list, tuple)):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {stop!r}")
+        self.stop_token_ids = [integer("stop_token_ids", t) for t in stop]
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids >= 0, got {self.stop_token_ids}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+def integer(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
 
 
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -50,6 +83,7 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     # A token is dropped when the tokens ranked above it already reach p.
     mass_before = probs.cumsum(dim=-1) - probs
     drop_sorted = mass_before >= p
+    drop_sorted[..., 0] = False  # the most likely token stays, even for a p that float32 rounds to 0
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

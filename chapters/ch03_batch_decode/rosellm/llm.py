@@ -1,5 +1,6 @@
 """The `LLM` facade, chapter 03: many requests decoded together by an offline scheduler."""
 
+import dataclasses
 import itertools
 from collections.abc import Generator, Sequence
 
@@ -42,25 +43,35 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for every prompt, batched; outputs come back in input order."""
         requests = self._make_requests(prompts, sampling_params)
-        for output, params in requests:
-            self.scheduler.add_request(self._new_session(output, params))
-        with tqdm(total=len(requests), desc="generate", disable=not use_tqdm) as progress:
-            while self.scheduler.has_unfinished_requests():
-                finished = sum(session.finished for session, _ in self.scheduler.step())
-                progress.update(finished)
+        sessions = []
+        try:
+            for output, params in requests:
+                sessions.append(self._new_session(output, params))
+                self.scheduler.add_request(sessions[-1])
+            with tqdm(total=len(requests), desc="generate", disable=not use_tqdm) as progress:
+                while self.scheduler.has_unfinished_requests():
+                    finished = sum(session.finished for session, _ in self.scheduler.step())
+                    progress.update(finished)
+        finally:  # left by an exception (Ctrl-C included): none of our requests stays queued
+            for session in sessions:
+                self.scheduler.abort(session)
         return [output for output, _ in requests]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None
                ) -> Generator[str, None, RequestOutput]:
         """Generate for one prompt, yielding text pieces as soon as they are complete characters.
-        The generator's return value (`StopIteration.value`) is the finished `RequestOutput`."""
+        The generator's return value (`StopIteration.value`) is the finished `RequestOutput`.
+        Closing it early (or an exception) drops the request."""
         [(output, params)] = self._make_requests([prompt], sampling_params)
         session = self._new_session(output, params)
-        self.scheduler.add_request(session)
-        while not session.finished:
-            for stepped, piece in self.scheduler.step():
-                if stepped is session and piece:
-                    yield piece
+        try:
+            self.scheduler.add_request(session)
+            while not session.finished:
+                for stepped, piece in self.scheduler.step():
+                    if stepped is session and piece:
+                        yield piece
+        finally:
+            self.scheduler.abort(session)
         return output
 
     @torch.inference_mode()
@@ -83,10 +94,12 @@ class LLM:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
+        sampling_params = list(sampling_params)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
         requests = []
         for index, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+            params = self._check_params(index, params)
             token_ids = self._tokenize(prompt)
             self._check_prompt(index, token_ids)
             text = prompt if isinstance(prompt, str) else None
@@ -111,15 +124,31 @@ class LLM:
         if not all(0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt {index} has token ids outside [0, {vocab})")
 
+    def _check_params(self, index: int, params) -> SamplingParams:
+        """A checked copy (validated again: changing the caller's object later must not change this request)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params {index} must be SamplingParams, got {type(params).__name__}")
+        params = dataclasses.replace(params)
+        vocab = self.model.config.vocab_size
+        if not all(t < vocab for t in params.stop_token_ids):
+            raise ValueError(f"prompt {index}: stop_token_ids has ids outside the vocabulary [0, {vocab})")
+        return params
+
 
 def normalize_prompts(prompts) -> list[Prompt]:
-    """A str, a list of str, one list of token ids, or a list of token-id lists -> a list of prompts."""
-    if isinstance(prompts, str):
-        return [prompts]
+    """A str, a list of str, one list of token ids, or a list of token-id lists -> a list of prompts.
+    Any other prompt raises ValueError (dict prompts such as {"prompt": str} arrive in chapter 07)."""
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
     prompts = list(prompts)
     if prompts and all(isinstance(p, int) for p in prompts):
-        return [prompts]
+        prompts = [prompts]
     for p in prompts:
-        if not isinstance(p, str) and not (isinstance(p, Sequence) and all(isinstance(t, int) for t in p)):
-            raise TypeError(f"a prompt must be a str or a list of token ids, got {type(p).__name__}")
+        if not isinstance(p, str) and not (isinstance(p, (list, tuple)) and all(is_token_id(t) for t in p)):
+            raise ValueError(f"a prompt must be a str or a list of int token ids (dict prompts come with "
+                             f"chapter 07), got {p!r:.80}")
     return prompts
+
+
+def is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

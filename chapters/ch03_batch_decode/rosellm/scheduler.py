@@ -28,6 +28,13 @@ class OfflineScheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def abort(self, session: InferenceSession) -> None:
+        """Drop a session wherever it is (waiting or running); a finished or unknown one is ignored."""
+        if session in self.waiting:
+            self.waiting.remove(session)
+        if session in self.running:
+            self.running.remove(session)
+
     def step(self) -> list[tuple[InferenceSession, str]]:
         """One token for every running session; returns (session, new text) for each of them."""
         decoding = list(self.running)

@@ -40,6 +40,18 @@ class OfflineScheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def abort(self, session: InferenceSession) -> None:
+        """Drop a session wherever it is (waiting or running); a finished or unknown one is ignored.
+        Its blocks return to the pool and its row leaves the batch."""
+        if session in self.waiting:
+            self.waiting.remove(session)
+        if session in self.running:
+            self.running.remove(session)
+        if session.request_id in self.block_manager.block_tables:
+            self.block_manager.free(session.request_id)
+        if session.request_id in self.batch.seq_ids:
+            self.batch.remove(session.request_id)
+
     def step(self) -> list[tuple[InferenceSession, str]]:
         """One token for every running session; returns (session, new text) for each of them."""
         for session in self.running:  # a slot for the token each one is about to feed the model
