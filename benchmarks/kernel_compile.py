@@ -28,11 +28,11 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = (80, 90)  # compute capabilities: sm_80 (A100), sm_90 (H100)
-DTYPES = ("bfloat16", "float16")  # what a GPU serves in
+DTYPES = ("bfloat16", "float16", "float32")  # what a GPU serves in; float32 takes the other dot precision
 SHAPES = (  # (query heads, KV heads, head_dim); GQA groups 3, 4 and 128 reach every branch of the launchers
     (9, 3, 64),  # SmolLM2-135M
     (32, 8, 128),  # Llama-3-8B
-    (128, 1, 128),  # a GQA group wider than a prefill tile
+    (128, 1, 64),  # a GQA group wider than a prefill tile
 )
 CONTEXTS = (1, 300, 1000, 2000, 4096)  # a decode step's longest sequence: 1, 2, 4, 8 and 16 splits
 KERNEL_MODULES = ("store_kv", "decode_attention", "prefill_attention")

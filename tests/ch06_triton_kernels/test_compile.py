@@ -61,7 +61,8 @@ def test_launchers_reach_every_branch(checkpoint):
     assert chosen[("prefill_kernel", "BLOCK_M")] == {64, 128}  # BLOCK_M, or a GQA group wider than it
     for kernel in KERNELS:
         assert chosen[(kernel, "BLOCK_D")] == {64, 128}
-    assert {row["dtype"] for row in compile_facts(checkpoint.__name__)} == {"bfloat16", "float16"}
+    assert chosen[("prefill_kernel", "DOT_PRECISION")] == {"tf32", "ieee"}  # 16-bit inputs, or float32
+    assert {row["dtype"] for row in compile_facts(checkpoint.__name__)} == {"bfloat16", "float16", "float32"}
 
 
 def test_shared_memory_fits_the_architecture(checkpoint):
