@@ -28,7 +28,7 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = (80, 90)  # compute capabilities: sm_80 (A100), sm_90 (H100)
-DTYPES = ("bfloat16", "float16", "float32")  # what a GPU serves in; float32 takes the other dot precision
+DTYPES = ("bfloat16", "float16", "float32")  # 16-bit: what a GPU serves in; float32: the IEEE dot precision
 SHAPES = (  # (query heads, KV heads, head_dim); GQA groups 3, 4 and 128 reach every branch of the launchers
     (9, 3, 64),  # SmolLM2-135M
     (32, 8, 128),  # Llama-3-8B
@@ -133,7 +133,7 @@ def resource_usage(cubin: bytes) -> dict:
 def compile_facts(checkpoint_name: str = "rosellm") -> list[dict]:
     """One row per configuration a launcher chose (kernel, dtype, constexprs, warps, stages) and architecture:
     what the compiler reports for it. A configuration is compiled with the arguments of the first shape that
-    chose it (other shapes can differ only in which integers Triton finds divisible by 16)."""
+    chose it (other shapes differ only in how Triton specializes integers: divisible by 16, or equal to 1)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -149,6 +149,8 @@ def compile_facts(checkpoint_name: str = "rosellm") -> list[dict]:
     rows = []
     for dtype, head_dim, kernel, args, kwargs in chosen.values():
         source, options = compile_source(kernel, args, kwargs)
+        if not {"num_warps", "num_stages"} <= options.keys():
+            raise ValueError(f"the launcher of {kernel.__name__} must choose its num_warps and num_stages")
         for arch in ARCHS:
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
             rows.append({
