@@ -38,6 +38,7 @@ def kernel_tables(rows: list[dict]) -> str:
 
 
 def kernel_table(kernel: str, rows: list[dict]) -> str:
+    """A folded Markdown table of one kernel's configurations, its largest costs in the title."""
     configurations = {}  # everything but the architecture -> {arch: row}
     for row in rows:
         key = (row["dtype"], row["head_dim"], json.dumps(row["constexprs"]))
@@ -48,7 +49,7 @@ def kernel_table(kernel: str, rows: list[dict]) -> str:
              f"and {most_registers} registers per thread")
     lines = [f'??? note "{title}"', "",
              "    | dtype | head_dim | constexprs | warps | stages | shared KiB sm_80 / sm_90 "
-             "| registers sm_80 / sm_90 | spilled bytes sm_80 / sm_90 | PTX KiB sm_80 / sm_90 |",
+             "| registers sm_80 / sm_90 | stack bytes (spills) sm_80 / sm_90 | PTX KiB sm_80 / sm_90 |",
              "    | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (dtype, head_dim, _), by_arch in configurations.items():
         first = by_arch[ARCHS[0]]
