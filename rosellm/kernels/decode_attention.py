@@ -122,6 +122,24 @@ def decode_merge_kernel(
     tl.store(out_ptr + seq * stride_yb + head * stride_yh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_mask)
 
 
+def decode_split_launch(group: int, head_dim: int, dtype: torch.dtype) -> dict:
+    """What `paged_decode_attention` compiles its split kernel with: the constexprs and Triton's launch options."""
+    return dict(GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=padded_head_dim(head_dim),
+                BLOCK_N=BLOCK_N, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                num_warps=4, num_stages=3)  # Triton's defaults: three stages pipeline the loads of the key loop
+
+
+def decode_merge_launch(num_splits: int, head_dim: int) -> dict:
+    """What `paged_decode_attention` compiles its merge kernel with: the constexprs and Triton's launch options."""
+    return dict(BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=padded_head_dim(head_dim),
+                num_warps=4, num_stages=1)  # one stage: the kernel has no loop to pipeline
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """head_dim rounded up to a power of 2, at least 16: tl.dot wants every dimension >= 16."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 def choose_num_splits(max_seq_len: int) -> int:
     """Enough splits that each holds about TOKENS_PER_SPLIT keys, at most MAX_SPLITS."""
     return max(1, min(MAX_SPLITS, triton.cdiv(max_seq_len, TOKENS_PER_SPLIT)))
@@ -146,7 +164,6 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
 
     partial_out = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
     partial_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=query.device)
-    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot wants every dimension >= 16
     decode_split_kernel[(batch, num_kv_heads, num_splits)](
         query, key_cache, value_cache, block_tables, seq_lens, partial_out, partial_lse,
         query.stride(0), query.stride(1),
@@ -156,8 +173,7 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
         partial_lse.stride(0), partial_lse.stride(1),
         head_dim ** -0.5 * math.log2(math.e),
         head_dim, key_cache.shape[1], tokens_per_split,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        **decode_split_launch(group, head_dim, query.dtype),
     )
     out = torch.empty(batch, num_heads, head_dim, dtype=query.dtype, device=query.device)
     decode_merge_kernel[(batch, num_heads)](
@@ -166,6 +182,6 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
         partial_lse.stride(0), partial_lse.stride(1),
         out.stride(0), out.stride(1),
         head_dim, num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        **decode_merge_launch(num_splits, head_dim),
     )
     return out

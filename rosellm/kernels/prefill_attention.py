@@ -92,6 +92,15 @@ def prefill_kernel(
     tl.store(out_ptr + o_where, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dim_mask[None, :])
 
 
+def prefill_launch(group: int, head_dim: int, dtype: torch.dtype) -> dict:
+    """What `paged_prefill_attention` compiles its kernel with: the constexprs and Triton's launch options."""
+    block_m = max(BLOCK_M, triton.next_power_of_2(group))  # a GQA group wider than BLOCK_M: one token per program
+    return dict(GROUP=group, QUERIES=block_m // group, BLOCK_M=block_m,
+                BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                BLOCK_N=BLOCK_N, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                num_warps=4, num_stages=3)  # Triton's defaults: three stages pipeline the loads of the key loop
+
+
 def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                             query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                             max_query_len: int) -> torch.Tensor:
@@ -102,11 +111,10 @@ def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_
     num_tokens, num_heads, head_dim = query.shape
     batch, num_kv_heads = seq_lens.shape[0], key_cache.shape[2]
     group = num_heads // num_kv_heads
-    block_m = max(BLOCK_M, triton.next_power_of_2(group))
-    queries = block_m // group
+    launch = prefill_launch(group, head_dim, query.dtype)
     assert query.stride(-1) == key_cache.stride(-1) == 1 and key_cache.stride() == value_cache.stride()
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
-    prefill_kernel[(batch, triton.cdiv(max_query_len, queries), num_kv_heads)](
+    prefill_kernel[(batch, triton.cdiv(max_query_len, launch["QUERIES"]), num_kv_heads)](
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -114,7 +122,6 @@ def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_
         out.stride(0), out.stride(1),
         head_dim ** -0.5 * math.log2(math.e),
         head_dim, key_cache.shape[1],
-        GROUP=group, QUERIES=queries, BLOCK_M=block_m, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_N=BLOCK_N, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        **launch,
     )
     return out

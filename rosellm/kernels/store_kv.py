@@ -34,6 +34,12 @@ def store_kv_kernel(
     tl.store(value_cache_ptr + where, value, mask=mask)
 
 
+def store_kv_launch(num_kv_heads: int, head_dim: int) -> dict:
+    """What `store_kv` compiles its kernel with for these shapes: the constexprs and Triton's launch options."""
+    return dict(BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+                num_warps=4, num_stages=1)  # one stage: the kernel has no loop to pipeline
+
+
 def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Same contract as the reference `paged_attention.store_kv` (slot -1: skip the token).
@@ -52,5 +58,5 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, va
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         num_kv_heads, head_dim, key_cache.shape[1],
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        **store_kv_launch(num_kv_heads, head_dim),
     )
