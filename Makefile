@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast docs docs-serve notebook tags bench clean-venv
+.PHONY: demo test test-fast docs docs-serve notebook tags bench clean-venv site-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ docs: $(STAMP)
 
 notebook: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks
+
+# Build the book and check every page in headless Chromium (installs chromium and playwright if missing).
+site-check: $(STAMP)
+	$(PY) scripts/check_site.py
 
 tags:
 	$(PYTHON) scripts/make_tags.py

@@ -166,7 +166,8 @@ def plot(result: dict, path: Path) -> None:
     points = result["points"]
     lengths = [p["mean_context_len"] for p in points]
     fit = result["fit"]
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(14, 4))
+    # One panel under the other, so that the figure stays readable at the width of a page.
+    fig, (left, middle, right) = plt.subplots(3, 1, figsize=(7.5, 11))
     left.plot(lengths, [p["decode_ms_per_token"] for p in points], "o", label="decode step (measured)")
     left.plot([p["prompt_len"] for p in points], [p["first_token_ms"] for p in points], "x",
               label="first token (measured)")

@@ -379,8 +379,9 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = [key for key in ("kv_use", "throughput", "budget") if key in result]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, key in zip(axes[0], panels):
+    # One panel under the other, so that the figure stays readable at the width of a page.
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7.5, 4.2 * len(panels)), squeeze=False)
+    for ax, key in zip(axes[:, 0], panels):
         if key == "kv_use":
             kv = result["kv_use"]
             curves = [("ch03: padded merged cache", kv["ch03"]["padded_merged_cache"], "#e6550d"),
@@ -426,7 +427,7 @@ def plot(result: dict, path: Path) -> None:
             ax.legend(fontsize=7)
     machine = result["machine"]
     other = machine.get("other_processes_cpu_share")
-    fig.suptitle(f"chapter 03 vs chapter 05, SmolLM2-135M {result.get('dtype', '')} on {machine['device']}: "
+    fig.suptitle(f"chapter 03 vs chapter 05, SmolLM2-135M {result.get('dtype', '')} on {machine['device']}:\n"
                  f"{machine['cpu']}, torch threads: {machine['torch_threads']}"
                  + (f", other processes used {other:.0%} of the CPU" if other is not None else ""), fontsize=9)
     fig.tight_layout()

@@ -143,7 +143,7 @@ def block_offline(workload: str) -> str:
                f"engine running at 100% of the GEMM rate would still reach only **{bound:.0%}** on the output-token "
                f"share.\n\n")
     if result.get("targets"):
-        out.append("Targets of the issue, for rosellm:\n\n")
+        out.append("The project's targets for rosellm on this workload:\n\n")
         out.append(table(["target", "status"],
                          [[name, "met" if ok else "**not met**"] for name, ok in result["targets"].items()], "lc"))
         out.append("\n")

@@ -5,7 +5,11 @@ A line of its own in a page
     <!-- chapter-diff: ch01_naive_decode ch02_kv_cache -->   a unified diff of the two checkpoints
     <!-- chapter-files: ch01_naive_decode -->                the files of one checkpoint
 
-is replaced by generated Markdown. A checkpoint `chNN_slug` is `chapters/chNN_slug/rosellm/` when that
+is replaced by generated Markdown: the diff is a table of the files that differ, each linked to its own
+fold (a closed `<details>` block), so that the lesson is not buried under hundreds of diff lines.
+A figure on a line of its own, `![alt](path.png)`, becomes a link to the full-size image.
+
+A checkpoint `chNN_slug` is `chapters/chNN_slug/rosellm/` when that
 folder exists, else `rosellm/` when its `__init__.py` says `__chapter__ = "NN_slug"` (the latest chapter).
 """
 
@@ -17,6 +21,7 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 MARKER = re.compile(r"^<!--\s*chapter-(diff|files):\s*([\w\s]+?)\s*-->[ \t]*$", re.MULTILINE)
+FIGURE = re.compile(r"^!\[([^\]]*)\]\(([^)\s]+)\)[ \t]*$", re.MULTILINE)
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
@@ -31,7 +36,13 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             return chapter_files(root, names[0])
         raise PluginError(f"{where}: expected chapter-diff OLD NEW or chapter-files NAME")
 
-    return MARKER.sub(expand, markdown)
+    return FIGURE.sub(linked_figure, MARKER.sub(expand, markdown))
+
+
+def linked_figure(match: re.Match) -> str:
+    """A figure that opens at full size when clicked."""
+    alt, src = match.groups()
+    return f'[![{alt}]({src})]({src} "open the full-size figure"){{ .figure-link }}'
 
 
 # --- checkpoints ----------------------------------------------------------------------------------------
@@ -85,10 +96,14 @@ def chapter_files(root: Path, name: str) -> str:
     return "\n".join(header + rows + [f"| **total** | **{total}** | |"]) + "\n"
 
 
+def fold_id(path: str) -> str:
+    return "diff-" + re.sub(r"[^a-z0-9]+", "-", path.lower()).strip("-")
+
+
 def chapter_diff(root: Path, old_name: str, new_name: str) -> str:
     old = checkpoint_files(checkpoint_dir(root, old_name))
     new = checkpoint_files(checkpoint_dir(root, new_name))
-    rows, blocks, statuses = [], [], []
+    rows, folds, statuses = [], [], []
     for path in sorted(old.keys() | new.keys()):
         before, after = old.get(path, []), new.get(path, [])
         if before == after:
@@ -99,11 +114,14 @@ def chapter_diff(root: Path, old_name: str, new_name: str) -> str:
         removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
         status = "added" if path not in old else "removed" if path not in new else "changed"
         statuses.append(status)
-        rows.append(f"| `rosellm/{path}` | {status} | +{added} | −{removed} |")
+        rows.append(f"| [`rosellm/{path}`](#{fold_id(path)}) | {status} | +{added} | −{removed} |")
         text = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
-        blocks.append(f"**`rosellm/{path}`** ({status})\n\n{fenced('diff', text)}")
+        folds.append(f'<details class="note chapter-diff" id="{fold_id(path)}" markdown>\n'
+                     f"<summary><code>rosellm/{path}</code> ({status}, +{added} −{removed})</summary>\n\n"
+                     f"{fenced('diff', text)}\n</details>\n")
     if not rows:
         return f"*No file differs between `{old_name}` and `{new_name}`.*\n"
     summary = ", ".join(f"{statuses.count(s)} {s}" for s in ("changed", "added", "removed") if s in statuses)
     table = ["| file | status | added lines | removed lines |", "| --- | --- | ---: | ---: |", *rows]
-    return f"From `{old_name}` to `{new_name}`: {summary}.\n\n" + "\n".join(table) + "\n\n" + "\n".join(blocks)
+    return (f"From `{old_name}` to `{new_name}`: {summary}. Each file's diff is folded below; open it from "
+            "the table or by its name.\n\n" + "\n".join(table) + "\n\n" + "\n".join(folds))

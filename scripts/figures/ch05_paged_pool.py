@@ -32,6 +32,8 @@ BLOCK_SIZE, NUM_BLOCKS = 4, 12
 COLORS = {"A": "#3182bd", "B": "#e6550d", "C": "#31a354"}
 LIGHT = {"A": "#c6dbef", "B": "#fdd0a2", "C": "#c7e9c0"}
 GAP = 0.35  # between blocks, in cells
+PER_ROW = 6  # blocks per row of the drawn pool: two rows keep the figure readable at a page's width
+POOL_Y, ROW_STEP = 8.6, 2.3  # the first pool row, and the distance between pool rows
 
 
 def build():
@@ -58,13 +60,17 @@ def build():
 
 
 def cell_x(block: int, offset: int) -> float:
-    return block * (BLOCK_SIZE + GAP) + offset
+    return (block % PER_ROW) * (BLOCK_SIZE + GAP) + offset
+
+
+def pool_y(block: int) -> float:
+    return POOL_Y - (block // PER_ROW) * ROW_STEP
 
 
 def main() -> None:
     order, new_lens, seq_lens, tables, metadata = build()
-    fig, ax = plt.subplots(figsize=(13, 4.4))
-    pool_y, seq_x0 = 6.4, 15
+    fig, ax = plt.subplots(figsize=(7.5, 7.2))
+    seq_x0 = 4.2
     owner = {}  # physical block -> sequence
     for row, s in enumerate(order):
         for block in tables[row].tolist():
@@ -87,20 +93,22 @@ def main() -> None:
             live = position is not None and position < seq_lens[row]
             is_new = slot in new_slots
             face = "white" if not live else (COLORS[s] if is_new else LIGHT[s])
-            ax.add_patch(Rectangle((cell_x(block, offset), pool_y), 1, 1, facecolor=face, edgecolor="gray", lw=0.8))
-            ax.text(cell_x(block, offset) + 0.5, pool_y - 0.22, str(slot), ha="center", va="center", fontsize=6.5,
+            ax.add_patch(Rectangle((cell_x(block, offset), pool_y(block)), 1, 1, facecolor=face, edgecolor="gray",
+                                   lw=0.8))
+            ax.text(cell_x(block, offset) + 0.5, pool_y(block) - 0.3, str(slot), ha="center", va="center", fontsize=8,
                     color="black" if is_new else "gray", fontweight="bold" if is_new else "normal")
             if live:
-                ax.text(cell_x(block, offset) + 0.5, pool_y + 0.5, f"{s}{position}", ha="center", va="center",
-                        fontsize=7, color="white" if is_new else "black")
-        ax.add_patch(Rectangle((cell_x(block, 0), pool_y), BLOCK_SIZE, 1, fill=False, edgecolor="black", lw=1.4))
-        ax.text(cell_x(block, 0) + BLOCK_SIZE / 2, pool_y + 1.3, f"block {block}", ha="center", fontsize=8)
-    ax.text(-0.6, pool_y + 0.5, "KV pool\n(one layer)", ha="right", va="center", fontsize=9, fontweight="bold")
-    ax.text(-0.6, pool_y - 0.22, "slot", ha="right", va="center", fontsize=7, color="gray")
+                ax.text(cell_x(block, offset) + 0.5, pool_y(block) + 0.5, f"{s}{position}", ha="center",
+                        va="center", fontsize=8.5, color="white" if is_new else "black")
+        ax.add_patch(Rectangle((cell_x(block, 0), pool_y(block)), BLOCK_SIZE, 1, fill=False, edgecolor="black",
+                               lw=1.4))
+        ax.text(cell_x(block, 0) + BLOCK_SIZE / 2, pool_y(block) + 1.3, f"block {block}", ha="center", fontsize=9.5)
+    ax.text(-0.4, POOL_Y + 2.1, "KV pool (one layer); small numbers are slot ids", ha="left", va="center",
+            fontsize=10, fontweight="bold")
 
     # The sequences, in logical order, with their block tables.
     for row, s in enumerate(order):
-        y = 2.9 - row * 1.45
+        y = 2.6 - row * 1.3
         cached = seq_lens[row] - new_lens[s]
         table = [b for b in tables[row].tolist() if b >= 0]
         for position in range(seq_lens[row]):
@@ -108,36 +116,38 @@ def main() -> None:
             x = seq_x0 + cell_x(logical, offset)
             is_new = position >= cached
             ax.add_patch(Rectangle((x, y), 1, 0.8, facecolor=COLORS[s] if is_new else LIGHT[s], edgecolor="gray"))
-            ax.text(x + 0.5, y + 0.4, str(position), ha="center", va="center", fontsize=7,
+            ax.text(x + 0.5, y + 0.4, str(position), ha="center", va="center", fontsize=8.5,
                     color="white" if is_new else "black")
         for logical, block in enumerate(table):
             x = seq_x0 + cell_x(logical, 0)
             ax.add_patch(Rectangle((x, y), BLOCK_SIZE, 0.8, fill=False, edgecolor="black", lw=1.2))
             ax.add_patch(FancyArrowPatch((x + BLOCK_SIZE / 2, y + 0.8),
-                                         (cell_x(block, 0) + BLOCK_SIZE / 2, pool_y - 0.45),
+                                         (cell_x(block, 0) + BLOCK_SIZE / 2, pool_y(block) - 0.55),
                                          arrowstyle="-|>", mutation_scale=9, color=COLORS[s], lw=1, alpha=0.75,
                                          zorder=0.5))  # behind the rows it crosses
         what = "prefill: a 6-token prompt" if s == "B" else f"decode: {cached} cached + 1 new"
-        ax.text(seq_x0 - 0.6, y + 0.4, f"sequence {s}: block table {table}\n{what}", ha="right", va="center",
-                fontsize=8, color=COLORS[s])
+        ax.text(seq_x0 - 0.4, y + 0.4, f"{s}: table {table}\n{what}", ha="right", va="center",
+                fontsize=9.5, color=COLORS[s])
 
     # This step's metadata, as the model receives it.
     lines = [
-        "this step's attention metadata (new tokens end to end: A's 1, B's 6, C's 1):",
+        "this step's attention metadata",
+        "(new tokens end to end: A's 1, B's 6, C's 1):",
         f"positions       = {metadata.positions.tolist()}",
-        f"slot_mapping    = {metadata.slot_mapping.tolist()}     "
-        f"(block_table[p // {BLOCK_SIZE}] * {BLOCK_SIZE} + p % {BLOCK_SIZE})",
-        f"query_start_loc = {metadata.query_start_loc.tolist()}      seq_lens = {metadata.seq_lens.tolist()}",
+        f"slot_mapping    = {metadata.slot_mapping.tolist()}",
+        f"                  (block_table[p // {BLOCK_SIZE}] * {BLOCK_SIZE} + p % {BLOCK_SIZE})",
+        f"query_start_loc = {metadata.query_start_loc.tolist()}",
+        f"seq_lens        = {metadata.seq_lens.tolist()}",
     ]
-    ax.text(0, -0.5, "\n".join(lines), family="monospace", fontsize=8.5, va="top")
+    ax.text(-0.4, -0.6, "\n".join(lines), family="monospace", fontsize=9, va="top")
     legend = "dark: this step's new tokens\nlight: tokens cached earlier\nwhite: free slots"
-    ax.text(cell_x(NUM_BLOCKS, 0), -0.5, legend, ha="right", va="top", fontsize=8)
-    ax.set_xlim(-3, cell_x(NUM_BLOCKS, 0))
-    ax.set_ylim(-3.6, pool_y + 1.7)
+    ax.text(cell_x(PER_ROW - 1, BLOCK_SIZE), 2.6 + 0.8, legend, ha="right", va="top", fontsize=9)
+    ax.set_xlim(-0.5, cell_x(PER_ROW - 1, BLOCK_SIZE) + 0.1)
+    ax.set_ylim(-5.2, POOL_Y + 2.5)
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title(f"Three sequences in a pool of {NUM_BLOCKS} blocks of {BLOCK_SIZE} slots: block tables, and the "
-                 "slots of this step's new tokens", fontsize=10)
+    ax.set_title(f"Three sequences in a pool of {NUM_BLOCKS} blocks of {BLOCK_SIZE} slots:\nblock tables, and the "
+                 "slots of this step's new tokens", fontsize=11)
     fig.tight_layout()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(OUT, dpi=120, bbox_inches="tight", pad_inches=0.1)

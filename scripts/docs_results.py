@@ -1,0 +1,151 @@
+"""mkdocs hook: the measured tables of the chapter pages, generated from the committed result files.
+
+A line of its own in a page
+
+    <!-- measured: run FILE.json -->                           when, how and on what FILE was measured
+    <!-- measured: decode-scaling FILE.json -->                one checkpoint's cost per token against length
+    <!-- measured: decode-scaling-pair OLD.json NEW.json -->   two checkpoints' cost per token, side by side
+    <!-- measured: batch-throughput FILE.json -->              throughput against batch size
+    <!-- measured: arrivals FILE.json -->                      chapter 05 against chapter 07 on arriving requests
+    <!-- measured: chapter-row NN -->                          chapter NN's row of the `chapters` workload
+
+is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
+with the machine and the load other processes put on it while they were measured.
+"""
+
+import json
+import re
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+
+MARKER = re.compile(r"^<!--\s*measured:\s*([\w-]+)((?:\s+[\w.-]+)*)\s*-->[ \t]*$", re.MULTILINE)
+BUSY_SHARE = 0.10  # above this share of the CPU used by other processes, a run is flagged as measured under load
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    results = Path(config.config_file_path).parent / "benchmarks" / "results"
+
+    def expand(match: re.Match) -> str:
+        kind, args = match.group(1), match.group(2).split()
+        if kind not in BLOCKS:
+            raise PluginError(f"{page.file.src_path}: unknown results block {kind!r}")
+        return BLOCKS[kind](results, *args)
+
+    return MARKER.sub(expand, markdown)
+
+
+def load(results: Path, name: str) -> dict:
+    path = results / name
+    if not path.is_file():
+        raise PluginError(f"no result file benchmarks/results/{name}")
+    return json.loads(path.read_text())
+
+
+def table(headings: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headings) + " |", "| --- " + "| ---: " * (len(headings) - 1) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def load_words(share: float | None) -> str:
+    if share is None:
+        return "the load of other processes was not recorded"
+    words = f"other processes used {100 * share:.0f} % of the CPU meanwhile"
+    return f"**{words}** (a busy machine: slower, noisier timings)" if share > BUSY_SHARE else words + " (an idle machine)"
+
+
+def run_line(result: dict, share: float | None = None) -> str:
+    m = result["machine"]
+    threads = m["torch_threads"]
+    share = share if share is not None else m.get("other_processes_cpu_share", result.get("other_processes_cpu_share"))
+    return (f"*Measured on {result['date']} with `{result['command']}`: {m['cpu']} ({m['cpu_cores']} cores), "
+            f"torch {m['torch']} with {threads} thread{'s' if threads != 1 else ''}, "
+            f"{result.get('dtype', 'float32')}; {load_words(share)}.*\n")
+
+
+# --- blocks ---------------------------------------------------------------------------------------------
+
+
+def block_run(results: Path, name: str) -> str:
+    return run_line(load(results, name))
+
+
+def block_decode_scaling(results: Path, name: str) -> str:
+    result = load(results, name)
+    rows = [[str(p["prompt_len"]), f"{p['first_token_ms']:.0f}", f"{p['decode_ms_per_token']:.0f}",
+             f"{p['decode_tokens_per_s']:.1f}"] for p in result["points"]]
+    fit, whole = result["fit"], result["whole_generation"]
+    return (table(["prompt tokens", "first token (ms)", "decode step (ms)", "decode tokens/s"], rows) + "\n" +
+            f"Fit: a step costs **{fit['intercept_ms']:.0f} ms + {fit['slope_ms_per_token']:.2f} ms per token** in the "
+            f"sequence. One whole generation of {whole['max_tokens']} tokens from a {whole['prompt_len']}-token prompt "
+            f"took **{whole['measured_s']:.1f} s** (the fit predicts {whole['predicted_from_fit_s']:.1f} s).\n\n" +
+            run_line(result))
+
+
+def block_decode_scaling_pair(results: Path, old_name: str, new_name: str) -> str:
+    old, new = load(results, old_name), load(results, new_name)
+    label_old, label_new = (f"chapter {r['chapter'][:2]}" for r in (old, new))
+    rows = []
+    for a, b in zip(old["points"], new["points"]):
+        rows.append([str(a["prompt_len"]), f"{a['decode_ms_per_token']:,.0f}", f"{b['decode_ms_per_token']:,.0f}",
+                     f"{a['decode_ms_per_token'] / b['decode_ms_per_token']:.1f}×", f"{b['first_token_ms']:,.0f}"])
+    wholes = (f"One whole generation of {new['whole_generation']['max_tokens']} tokens from a "
+              f"{new['whole_generation']['prompt_len']}-token prompt took {old['whole_generation']['measured_s']:.1f} s "
+              f"on {label_old} and {new['whole_generation']['measured_s']:.1f} s on {label_new}.\n\n")
+    return (table(["tokens in the prompt", f"{label_old}: ms per token", f"{label_new}: ms per token", "speed-up",
+                   f"{label_new}: prefill of the prompt, ms"], rows) + "\n" + wholes +
+            f"{label_old.capitalize()}: " + run_line(old) + "\n" + f"{label_new.capitalize()}: " + run_line(new))
+
+
+def block_batch_throughput(results: Path, name: str) -> str:
+    result = load(results, name)
+    base = result["points"][0]["output_tokens_per_s"]
+    rows = [[str(p["batch_size"]), f"{p['output_tokens_per_s']:.1f}", f"{p['decode_tokens_per_s']:.1f}",
+             f"{p['decode_ms_per_step']:.0f}", f"{p['prefill_s']:.2f}", f"{p['output_tokens_per_s'] / base:.1f}×"]
+            for p in result["points"]]
+    return (table(["batch size", "output tokens/s", "decode tokens/s", "ms per decode step",
+                   "prefill of the batch, s", "vs batch 1"], rows) + "\n" + run_line(result))
+
+
+def block_arrivals(results: Path, name: str) -> str:
+    result = load(results, name)
+    old, new = result["results"]["ch05_paged_attention"], result["results"]["ch07_continuous_batching"]
+
+    def row(label: str, show) -> list[str]:
+        return [label, show(old), show(new)]
+
+    rows = [
+        row("output tokens", lambda r: str(r["output_tokens"])),
+        row("engine steps", lambda r: str(r["steps"])),
+        row("mean batch (sequences per step)", lambda r: f"{r['mean_batch']:.1f}"),
+        row("output tokens / s (wall clock)", lambda r: f"{r['output_tokens_per_s']:.1f}"),
+        row("output tokens / CPU-second", lambda r: f"{r['output_tokens_per_cpu_s']:.1f}"),
+        row("TTFT median / p90, seconds", lambda r: f"{r['ttft_median_s']:.1f} / {r['ttft_p90_s']:.1f}"),
+        row("TTFT median / p90 / max, steps",
+            lambda r: f"{r['ttft_median_steps']:.0f} / {r['ttft_p90_steps']} / {r['ttft_max_steps']}"),
+        ["preemptions (tokens recomputed)", "none possible", f"{new['preemptions']} ({new['recomputed_tokens']})"],
+        ["requests with identical tokens", result["requests_with_identical_tokens"].replace("/", " / "), ""],
+    ]
+    return (table(["", "chapter 05 (reserve prompt + max_tokens)", "chapter 07 (admit on the prompt, preempt)"],
+                  rows) + "\n" + run_line(result))
+
+
+def block_chapter_row(results: Path, number: str) -> str:
+    result = load(results, "chapters.json")
+    rows = {row["chapter"]: row for row in result["chapters"]}
+    row, first = rows[int(number)], rows[min(rows)]
+    s = result["settings"]
+    batch = row["options"].get("max_batch_size") or row["options"].get("max_num_seqs")
+    speedup = f", {row['output_tokens_per_s'] / first['output_tokens_per_s']:.1f}× chapter {min(rows):02d}" \
+        if row is not first else ""
+    threads = result["machine"]["torch_threads"]
+    return (f"**Across chapters.** On the book's common small workload ({s['requests']} requests, "
+            f"{s['max_tokens']} output tokens each{f', a batch of {batch}' if batch else ', one at a time'}) "
+            f"this checkpoint makes **{row['output_tokens_per_s']:.1f} output tokens/s{speedup}** "
+            f"([Benchmarks · chapters, row {int(number):02d}](../benchmarks.md#ch{int(number):02d}); measured on "
+            f"{result['date']}, {threads} thread{'s' if threads != 1 else ''}; "
+            f"{load_words(row.get('other_processes_cpu_share'))}).\n")
+
+
+BLOCKS = {"run": block_run, "decode-scaling": block_decode_scaling, "decode-scaling-pair": block_decode_scaling_pair,
+          "batch-throughput": block_batch_throughput, "arrivals": block_arrivals, "chapter-row": block_chapter_row}
