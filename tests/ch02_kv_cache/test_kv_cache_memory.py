@@ -1,8 +1,9 @@
 """The contiguous per-request cache (replaced by a paged pool in chapter 05)."""
 
+import pytest
 import torch
 
-LAST_CHAPTER = 4
+pytestmark = pytest.mark.requires("contiguous_cache")
 
 
 def test_bytes_per_token_formula_with_smollm2_numbers(checkpoint):

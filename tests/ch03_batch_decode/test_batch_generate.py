@@ -17,9 +17,9 @@ def test_mixed_length_batch_matches_transformers(checkpoint, tiny_model_dirs, ti
         assert output.token_ids == hf_greedy(tiny_hf_models[name], prompt, 20)
 
 
-def batch_size_option(checkpoint, size: int) -> dict:
-    """Chapter 03 calls the limit `max_batch_size`; chapter 07 adopts vLLM's name, `max_num_seqs`."""
-    name = "max_num_seqs" if hasattr(checkpoint, "LLMEngine") else "max_batch_size"
+def batch_size_option(checkpoint_info, size: int) -> dict:
+    """Chapter 03 calls the limit `max_batch_size`; the step engine of chapter 07 adopts vLLM's `max_num_seqs`."""
+    name = "max_num_seqs" if "step_engine" in checkpoint_info.capabilities else "max_batch_size"
     return {name: size}
 
 
@@ -28,8 +28,8 @@ def solo(llm, prompt, params):
 
 
 @pytest.mark.parametrize("max_batch_size", [1, 2, 4, 32])
-def test_output_does_not_depend_on_the_batch(checkpoint, tiny_model_dirs, max_batch_size):
-    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), **batch_size_option(checkpoint, max_batch_size))
+def test_output_does_not_depend_on_the_batch(checkpoint, checkpoint_info, tiny_model_dirs, max_batch_size):
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), **batch_size_option(checkpoint_info, max_batch_size))
     params = [checkpoint.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 17, 1, 9, 12, 5)]
     batched = llm.generate(MIXED_PROMPTS, params, use_tqdm=False)
     for prompt, p, output in zip(MIXED_PROMPTS, params, batched):

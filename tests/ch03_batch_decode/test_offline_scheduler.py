@@ -4,15 +4,12 @@ Chapter 07 replaces it with the continuous-batching scheduler (which has its own
 
 import pytest
 
-LAST_CHAPTER = 6
+pytestmark = pytest.mark.requires("offline_scheduler")
 
 
 def add(llm, prompt, params):
     """Queue one request on the LLM's scheduler; return its session."""
-    [(output, p)] = llm._make_requests([prompt], params)
-    session = llm._new_session(output, p)
-    llm.scheduler.add_request(session)
-    return session
+    return llm.add_request(prompt, params)
 
 
 def run_to_end(llm) -> int:
