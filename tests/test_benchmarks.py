@@ -112,7 +112,6 @@ def test_offline_gpu_without_cuda_says_so_and_exits_cleanly(tmp_path):
 def test_every_workload_declares_a_chapter_that_exists():
     from benchmarks import WORKLOADS
 
-    assert WORKLOADS, "no workload module found under benchmarks/"
     for name, (module, chapter) in WORKLOADS.items():
         assert 1 <= chapter <= chapters.latest().number, f"{module} belongs to chapter {chapter}"
     if chapters.latest().number >= 7:
