@@ -85,8 +85,9 @@ def measure(args) -> dict:
     warmup = harness.random_requests(1, (8, 8), (2, 2), config.vocab_size, args.seed + 1000)
     wanted = {int(c) for c in args.only.split(",")} if args.only else None
     chosen = [point for point in chapters.checkpoints() if wanted is None or point.number in wanted]
+    names = ", ".join(f"ch{point.number:02d}" for point in chosen)
     print(f"workload: {len(requests)} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
-          f"{args.max_tokens} tokens each, greedy; checkpoints: {', '.join(f'ch{point.number:02d}' for point in chosen)}")
+          f"{args.max_tokens} tokens each, greedy; checkpoints: {names}")
     sample = list(range(min(args.check_requests, len(requests))))
     oracle = harness.run_worker("hf-generate", {"model": args.model, "threads": args.threads, "requests": requests,
                                                 "reference_only": True, "batch_size": 1, "reference_sample": sample,

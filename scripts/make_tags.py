@@ -148,8 +148,7 @@ def frozen_chapters(head: str, latest: Chapter) -> list[Chapter]:
             raise Refusal(f"chapters/{name}/ has no rosellm/ checkpoint")
         if chapter.number in found or chapter.number >= latest.number:
             raise Refusal(
-                f"chapters/{name}/ clashes with another checkpoint or with rosellm/ "
-                f"(chapter {latest.dirname})"
+                f"chapters/{name}/ clashes with another checkpoint or with rosellm/ (chapter {latest.dirname})"
             )
         found[chapter.number] = chapter
     missing = [f"{n:02d}" for n in range(1, latest.number) if n not in found]

@@ -25,8 +25,11 @@ CHAPTER_TEST_DIR = re.compile(r"ch(\d\d)_")
 
 
 def pytest_addoption(parser):
-    parser.addoption("--all-checkpoints", action="store_true",
-                     help="run the model tests on every checkpoint from their chapter on, not only the first and latest")
+    parser.addoption(
+        "--all-checkpoints",
+        action="store_true",
+        help="run the model tests on every checkpoint from their chapter on, not only the first and latest",
+    )
 
 
 @functools.cache
@@ -50,12 +53,16 @@ def pytest_generate_tests(metafunc):
     unknown = required - chapters.CAPABILITIES.keys()
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid} requires unknown capabilities {sorted(unknown)}")
-    chosen = checkpoints_for(Path(metafunc.definition.path).parent.name, required,
-                             model_test=metafunc.definition.get_closest_marker("model") is not None,
-                             every=metafunc.config.getoption("--all-checkpoints"))
+    chosen = checkpoints_for(
+        Path(metafunc.definition.path).parent.name,
+        required,
+        model_test=metafunc.definition.get_closest_marker("model") is not None,
+        every=metafunc.config.getoption("--all-checkpoints"),
+    )
     if not chosen:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: no checkpoint from its chapter on declares "
-                                f"{sorted(required)}")
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid}: no checkpoint from its chapter on declares {sorted(required)}"
+        )
     ids = [f"ch{point.number:02d}" for point in chosen]
     metafunc.parametrize("checkpoint", chosen, ids=ids, indirect=True)
 
@@ -66,8 +73,11 @@ def pytest_collection_modifyitems(config, items):
 
     latest = all_checkpoints()[-1].number
     present = {name for name, (_, chapter) in WORKLOADS.items() if chapter <= latest}
-    absent = [item for item in items if any(name not in present for marker in item.iter_markers("workload")
-                                            for name in marker.args)]
+    absent = [
+        item
+        for item in items
+        if any(name not in present for marker in item.iter_markers("workload") for name in marker.args)
+    ]
     if absent:
         config.hook.pytest_deselected(items=absent)
         items[:] = [item for item in items if item not in absent]

@@ -20,14 +20,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_quick(workload: str, model: Path, tmp_path: Path) -> dict:
     json_path, figure = tmp_path / f"{workload}.json", tmp_path / f"{workload}.png"
-    done = bench(workload, "--quick", "--model", str(model), "--threads", "1", "--json", str(json_path),
-                 "--figure", str(figure))
+    done = bench(
+        workload, "--quick", "--model", str(model), "--threads", "1", "--json", str(json_path), "--figure", str(figure)
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert figure.is_file() and figure.stat().st_size > 0
     result = json.loads(json_path.read_text())
@@ -112,7 +114,7 @@ def test_offline_gpu_without_cuda_says_so_and_exits_cleanly(tmp_path):
 def test_every_workload_declares_a_chapter_that_exists():
     from benchmarks import WORKLOADS
 
-    for name, (module, chapter) in WORKLOADS.items():
+    for module, chapter in WORKLOADS.values():
         assert 1 <= chapter <= chapters.latest().number, f"{module} belongs to chapter {chapter}"
     if chapters.latest().number >= 7:
         assert {"offline-cpu", "latency-cpu", "chapters", "offline-gpu"} <= set(WORKLOADS)
@@ -121,33 +123,105 @@ def test_every_workload_declares_a_chapter_that_exists():
 def test_benchmarks_page_is_up_to_date_with_the_committed_results():
     """docs/benchmarks.md's tables are generated from benchmarks/results/: a result committed without
     `python scripts/benchmarks_page.py` fails here."""
-    done = subprocess.run([sys.executable, "scripts/benchmarks_page.py", "--check"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "scripts/benchmarks_page.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
 
 
 # --- the chapter workloads (the measurements quoted on the chapter pages), on tiny settings ------------------
 
 CHAPTER_WORKLOADS = {
-    "decode-scaling": ["--checkpoint", "ch02", "--lengths", "8,16", "--steps", "2",
-                       "--repeats", "1", "--total-tokens", "0"],
-    "batch-throughput": ["--batch-sizes", "1,2", "--prompt-len", "8", "--max-tokens", "4", "--repeats", "1",
-                         "--mixed-requests", "3", "--mixed-len", "4", "16", "--mixed-tokens", "4"],
+    "decode-scaling": [
+        "--checkpoint",
+        "ch02",
+        "--lengths",
+        "8,16",
+        "--steps",
+        "2",
+        "--repeats",
+        "1",
+        "--total-tokens",
+        "0",
+    ],
+    "batch-throughput": [
+        "--batch-sizes",
+        "1,2",
+        "--prompt-len",
+        "8",
+        "--max-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--mixed-requests",
+        "3",
+        "--mixed-len",
+        "4",
+        "16",
+        "--mixed-tokens",
+        "4",
+    ],
     # a 1 MiB budget holds 16 of the tiny model's requests of up to 256 tokens (part c needs it to)
-    "paged-vs-padded": ["--max-model-len", "256", "--block-size", "4", "--mixed-prompts", "3", "--mixed-lengths",
-                        "4,24", "--mixed-max-tokens", "4", "--batches", "2", "--throughput-requests", "3",
-                        "--throughput-lengths", "4,16", "--throughput-max-tokens", "2,4", "--repeats", "1",
-                        "--budget-mib", "1", "--budget-requests", "16"],
-    "arrivals": ["--requests", "4", "--every", "1", "--prompt-len", "4", "12", "--max-tokens", "4", "8",
-                 "--block-size", "4", "--num-kv-blocks", "12"],
+    "paged-vs-padded": [
+        "--max-model-len",
+        "256",
+        "--block-size",
+        "4",
+        "--mixed-prompts",
+        "3",
+        "--mixed-lengths",
+        "4,24",
+        "--mixed-max-tokens",
+        "4",
+        "--batches",
+        "2",
+        "--throughput-requests",
+        "3",
+        "--throughput-lengths",
+        "4,16",
+        "--throughput-max-tokens",
+        "2,4",
+        "--repeats",
+        "1",
+        "--budget-mib",
+        "1",
+        "--budget-requests",
+        "16",
+    ],
+    "arrivals": [
+        "--requests",
+        "4",
+        "--every",
+        "1",
+        "--prompt-len",
+        "4",
+        "12",
+        "--max-tokens",
+        "4",
+        "8",
+        "--block-size",
+        "4",
+        "--num-kv-blocks",
+        "12",
+    ],
 }
 
 
-@pytest.mark.parametrize("workload", [pytest.param(name, marks=pytest.mark.workload(name)) for name in CHAPTER_WORKLOADS])
+@pytest.mark.parametrize(
+    "workload", [pytest.param(name, marks=pytest.mark.workload(name)) for name in CHAPTER_WORKLOADS]
+)
 def test_chapter_workload_runs_and_records_its_machine(workload, tiny_gqa, tmp_path):
     json_path = tmp_path / "result.json"
-    args = [workload, *CHAPTER_WORKLOADS[workload], "--model", str(tiny_gqa), "--threads", "1",
-            "--json", str(json_path)]
+    args = [
+        workload,
+        *CHAPTER_WORKLOADS[workload],
+        "--model",
+        str(tiny_gqa),
+        "--threads",
+        "1",
+        "--json",
+        str(json_path),
+    ]
     if workload != "arrivals":
         args += ["--figure", str(tmp_path / "figure.png")]
     done = bench(*args)

@@ -39,8 +39,10 @@ def test_output_does_not_depend_on_the_batch(checkpoint, checkpoint_info, tiny_m
 
 def test_seeded_sampling_in_a_batch_equals_sampling_alone(checkpoint, tiny_model_dirs):
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]))
-    params = [checkpoint.SamplingParams(temperature=0.9, top_p=0.9, top_k=50, max_tokens=12, ignore_eos=True,
-                                        seed=seed) for seed in range(len(MIXED_PROMPTS))]
+    params = [
+        checkpoint.SamplingParams(temperature=0.9, top_p=0.9, top_k=50, max_tokens=12, ignore_eos=True, seed=seed)
+        for seed in range(len(MIXED_PROMPTS))
+    ]
     batched = llm.generate(MIXED_PROMPTS, params, use_tqdm=False)
     for prompt, p, output in zip(MIXED_PROMPTS, params, batched):
         assert output.token_ids == solo(llm, prompt, p)
@@ -58,11 +60,18 @@ def test_per_request_sampling_params_in_one_batch(checkpoint, tiny_model_dirs, t
 
 @pytest.mark.model
 def test_smollm2_batch_matches_transformers(checkpoint, smollm2_llm, smollm2_hf):
-    questions = ["What is the capital of France?", "Name a color.", "Why is the sky blue? Answer briefly.",
-                 "Count from one to five.", "What is 2 + 2?"]
+    questions = [
+        "What is the capital of France?",
+        "Name a color.",
+        "Why is the sky blue? Answer briefly.",
+        "Count from one to five.",
+        "What is 2 + 2?",
+    ]
     tokenizer = smollm2_llm.tokenizer
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                             add_generation_prompt=True) for q in questions]
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
     outputs = smollm2_llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
     assert len({len(o.prompt_token_ids) for o in outputs}) > 1  # really a mixed-length batch
     for output in outputs:

@@ -24,11 +24,6 @@ def solo(checkpoint, llm, prompt, params):
     return llm.generate([prompt], params, use_tqdm=False)[0].token_ids
 
 
-@pytest.fixture
-def llm(checkpoint, tiny_model_dirs):
-    return checkpoint.LLM(str(tiny_model_dirs["gqa"]), max_batch_size=3)
-
-
 def greedy(checkpoint, n):
     return checkpoint.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
 

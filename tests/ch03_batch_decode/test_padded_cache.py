@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.ch03_batch_decode.test_offline_scheduler import add, greedy, llm  # noqa: F401 (fixture)
+from tests.ch03_batch_decode.test_offline_scheduler import add, greedy
 
 pytestmark = pytest.mark.requires("padded_batch")
 

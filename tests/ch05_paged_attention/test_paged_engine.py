@@ -53,8 +53,9 @@ def test_admission_waits_for_free_blocks(checkpoint, tiny_model_dirs):
         return table
 
     manager.allocate = recording_allocate
-    outputs = llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-                           use_tqdm=False)
+    outputs = llm.generate(
+        prompts, checkpoint.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
+    )
     assert holders == [1, 1, 1] and all(len(o.token_ids) == 8 for o in outputs)
     assert outputs[0].token_ids == outputs[1].token_ids == outputs[2].token_ids
 
@@ -77,8 +78,10 @@ def test_default_pool_is_capped_by_what_the_batch_can_use(checkpoint, checkpoint
 def test_smollm2_on_a_small_pool_matches_transformers(checkpoint, smollm2_hf, smollm2_path):
     llm = checkpoint.LLM(block_size=16, num_kv_blocks=7)  # one request (5 blocks) at a time
     questions = ["What is the capital of France?", "Name two planets.", "What is a noun?"]
-    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                                 add_generation_prompt=True) for q in questions]
+    prompts = [
+        llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
     owners = record_block_owners(llm)
     outputs = llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
     for output in outputs:

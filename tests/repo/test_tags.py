@@ -219,6 +219,7 @@ def test_is_removed_at_chapter_two_of_three():
     ]
     workloads = {"benchmarks/arrivals.py": 3, "benchmarks/decode_scaling.py": 2}
     assert all(is_removed(path, 2, 3, workloads) for path in [*removed, "benchmarks/arrivals.py"])
-    assert not any(is_removed(path, 2, 3, workloads) for path in [*kept, "benchmarks/decode_scaling.py",
-                                                                 "benchmarks/harness.py"])
+    assert not any(
+        is_removed(path, 2, 3, workloads) for path in [*kept, "benchmarks/decode_scaling.py", "benchmarks/harness.py"]
+    )
     assert not is_removed("rosellm/llm.py", 3, 3)
