@@ -128,8 +128,8 @@ def test_rerunning_gives_the_same_tags(tmp_path):
 
 @pytest.mark.parametrize("tag", ["ch01", "ch03"])
 def test_at_a_tag_rosellm_is_its_checkpoint_and_the_fast_tests_pass(tagged, tag, tmp_path):
-    """`make test`'s pytest part without the model tests, in a worktree of the tag: no test, workload or page
-    of a later chapter is left behind to fail there."""
+    """`make test` without the model tests and the notebooks, in a worktree of the tag: no test, workload or
+    page of a later chapter is left behind to fail there."""
     worktree = tmp_path / tag
     git(tagged.path, "worktree", "add", "-q", "--detach", str(worktree), tag)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
@@ -146,6 +146,8 @@ def test_at_a_tag_rosellm_is_its_checkpoint_and_the_fast_tests_pass(tagged, tag,
     tests = python("-m", "pytest", "-q", "-x", "-m", "not model and not repo", "-p", "no:cacheprovider", "tests")
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
     assert f"tests/{tag}_" in python("-m", "pytest", "--collect-only", "-q", "tests").stdout
+    book = python("-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site"))
+    assert book.returncode == 0, book.stderr[-3000:]
 
 
 def test_refuses_outside_a_repository(tmp_path):
