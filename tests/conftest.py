@@ -1,9 +1,9 @@
 """Shared fixtures: chapter checkpoints, tiny random Llama models with their Hugging Face twins, SmolLM2.
 
 The `checkpoint` fixture is what keeps old lessons true. A test in `tests/chNN_slug/` runs against chapter
-NN's checkpoint and every later one (the frozen copies under `chapters/`, then `rosellm/`), so the fast
-tests grow linearly with the chapters. Tests marked `model` (SmolLM2, slow) run on the first and the last of
-those checkpoints only, unless pytest is given `--all-checkpoints`.
+NN's checkpoint and every later one (the frozen copies under `chapters/`, then `rosellm/`). Tests marked
+`model` (SmolLM2) or `slow` (e.g. Triton's interpreter on a CPU) run on the first and the last of those
+checkpoints only, unless pytest is given `--all-checkpoints`: each chapter adds a fixed cost for those.
 
 A test that needs something a checkpoint declares (`__capabilities__` in its `__init__.py`, the names in
 `chapters.CAPABILITIES`) says so with `@pytest.mark.requires("paged", ...)`: checkpoints without it are
@@ -28,7 +28,7 @@ def pytest_addoption(parser):
     parser.addoption(
         "--all-checkpoints",
         action="store_true",
-        help="run the model tests on every checkpoint from their chapter on, not only the first and latest",
+        help="run the model and slow tests on every checkpoint from their chapter on, not only the first and latest",
     )
 
 
@@ -37,11 +37,11 @@ def all_checkpoints() -> tuple[chapters.Checkpoint, ...]:
     return tuple(chapters.checkpoints())
 
 
-def checkpoints_for(test_dir: str, required: set[str], model_test: bool, every: bool) -> list[chapters.Checkpoint]:
+def checkpoints_for(test_dir: str, required: set[str], costly: bool, every: bool) -> list[chapters.Checkpoint]:
     """The checkpoints one test of `tests/<test_dir>/` runs against (see the module docstring)."""
     first = int(CHAPTER_TEST_DIR.match(test_dir).group(1))
     chosen = [point for point in all_checkpoints() if point.number >= first and required <= point.capabilities]
-    if model_test and not every and len(chosen) > 2:
+    if costly and not every and len(chosen) > 2:
         chosen = [chosen[0], chosen[-1]]
     return chosen
 
@@ -56,7 +56,7 @@ def pytest_generate_tests(metafunc):
     chosen = checkpoints_for(
         Path(metafunc.definition.path).parent.name,
         required,
-        model_test=metafunc.definition.get_closest_marker("model") is not None,
+        costly=any(metafunc.definition.get_closest_marker(name) for name in ("model", "slow")),
         every=metafunc.config.getoption("--all-checkpoints"),
     )
     if not chosen:
