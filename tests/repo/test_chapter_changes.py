@@ -18,8 +18,12 @@ def load_script():
 
 def test_the_files_each_chapter_changed_are_the_committed_list():
     script = load_script()
-    expected = script.EXPECTED.read_text()
-    found = script.chapter_changes(chapters.checkpoints())
+    points = chapters.checkpoints()
+    present = {point.name for point in points}  # at a chapter's tag, the later chapters are not there yet
+    expected = "".join(
+        line for line in script.EXPECTED.read_text().splitlines(True) if line.split()[0] in present | {"#"}
+    )
+    found = script.chapter_changes(points)
     diff = "".join(difflib.unified_diff(expected.splitlines(True), found.splitlines(True), "committed", "found"))
     assert found == expected, (
         "a chapter changed other files than tests/repo/chapter_changes.txt lists; if that belongs to the "
