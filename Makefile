@@ -1,12 +1,16 @@
 # rosellm — the two commands of the README: `make demo` and `make test`.
+# `make test` runs each chapter's fast tests on its checkpoint and every later one, and its model tests on its
+# own checkpoint and the latest (so do `slow` ones); `make test-all` runs them on every later checkpoint too.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The slowest tests are listed at the end of every run, so a test that grows slow shows.
+DURATIONS := --durations=15
 
-.PHONY: demo test test-fast docs docs-serve notebook tags bench clean-venv site-check
+.PHONY: install demo test test-all test-fast lint docs notebook tags forward-fix bench clean-venv site-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +29,19 @@ demo: $(STAMP)
 	$(PY) -m rosellm demo
 
 test: $(STAMP)
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests $(DURATIONS) $(PYTEST_ARGS)
 	$(PY) -m pytest --nbval-lax notebooks
 	$(VENV)/bin/mkdocs build --strict --site-dir /tmp/rosellm-site
 
+test-all: $(STAMP)
+	$(MAKE) test PYTEST_ARGS="--all-checkpoints $(PYTEST_ARGS)"
+
 test-fast: $(STAMP)
-	$(PY) -m pytest tests -m "not model and not repo" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not model and not repo" $(DURATIONS) $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs serve
@@ -44,6 +55,10 @@ site-check: $(STAMP)
 
 tags:
 	$(PYTHON) scripts/make_tags.py
+
+# Carry a fix made in one checkpoint into the later ones: make forward-fix FROM=ch03 (or FROM=<file in it>).
+forward-fix:
+	$(PYTHON) scripts/forward_fix.py $(FROM)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks offline-cpu

@@ -1,17 +1,42 @@
 """The benchmark harness: `python -m benchmarks <workload> [options]`.
 
-Each workload is a module with `HELP` (one line), `add_arguments(parser)` and `run(args)`. To add one,
-write the module and add a line to `WORKLOADS`; `__main__` imports only the workload a command names.
+A workload is a module of this folder that declares `NAME` (its command), `CHAPTER` (the chapter it belongs
+to) and `HELP` (one line), and defines `add_arguments(parser)` and `run(args)`. Writing the module is all it
+takes to add one: the workloads are found by reading the files, and `__main__` imports only the one a command
+names. A chapter's tag carries only the workloads of the chapters up to it.
 """
 
-WORKLOADS = {
-    # command name -> module under benchmarks/
-    "decode-scaling": "benchmarks.decode_scaling",
-    "paged-vs-padded": "benchmarks.paged_vs_padded",
-    "batch-throughput": "benchmarks.batch_throughput",
-    "arrivals": "benchmarks.arrivals",
-    "offline-cpu": "benchmarks.offline_cpu",
-    "latency-cpu": "benchmarks.latency_cpu",
-    "chapters": "benchmarks.chapter_progress",
-    "offline-gpu": "benchmarks.offline_gpu",
-}
+import re
+from pathlib import Path
+
+import chapters
+
+HERE = Path(__file__).resolve().parent
+DECLARATION = re.compile(r'^(NAME|CHAPTER) = "?([\w-]+)"?', re.MULTILINE)
+
+
+def declarations(path: Path) -> dict[str, str]:
+    """The `NAME` and `CHAPTER` a module of this folder declares (read, not imported)."""
+    return dict(DECLARATION.findall(path.read_text()))
+
+
+def find_workloads() -> dict[str, tuple[str, int]]:
+    """Command name -> (module, chapter) for every workload module in this folder, in name order."""
+    found = {}
+    for path in sorted(HERE.glob("*.py")):
+        declared = declarations(path)
+        if "NAME" in declared:
+            found[declared["NAME"]] = (f"benchmarks.{path.stem}", int(declared["CHAPTER"]))
+    return found
+
+
+WORKLOADS = find_workloads()
+
+
+def named_checkpoint(text: str) -> chapters.Checkpoint:
+    """A checkpoint named on a command line: by chapter ("3", "ch03", ...) or by module ("rosellm",
+    "chapters.ch03_batch_decode.rosellm")."""
+    for point in chapters.checkpoints():
+        if text == point.module:
+            return point
+    return chapters.checkpoint(text)

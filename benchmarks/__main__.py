@@ -1,4 +1,4 @@
-"""Command line: `python -m benchmarks WORKLOAD [options]`, one workload per entry of `benchmarks.WORKLOADS`."""
+"""Command line: `python -m benchmarks WORKLOAD [options]`, one per workload module (`benchmarks.WORKLOADS`)."""
 
 import argparse
 import importlib
@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in WORKLOADS:
         # Import only the chosen workload: one workload's heavy or broken imports never block another.
         name = argv[0]
-        module = importlib.import_module(WORKLOADS[name])
+        module = importlib.import_module(WORKLOADS[name][0])
         parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=module.HELP)
         module.add_arguments(parser)
         module.run(parser.parse_args(argv[1:]))

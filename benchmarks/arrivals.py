@@ -13,7 +13,6 @@ up to float ties between batch shapes). Chapter 05 admits a request only when it
 """
 
 import datetime
-import importlib
 import json
 import math
 import random
@@ -21,9 +20,13 @@ import statistics
 import time
 from pathlib import Path
 
+import chapters
+
 from .machine import OtherLoad, command_line, machine_info
 
+NAME = "arrivals"
 HELP = "requests arriving over time: chapter 05's scheduler against chapter 07's on one KV pool"
+CHAPTER = 7
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -55,16 +58,14 @@ class Chapter05:
     """Drives chapter 05's `OfflineScheduler` one step at a time."""
 
     def __init__(self, args):
-        self.package = importlib.import_module("chapters.ch05_paged_attention.rosellm")
+        self.package = chapters.checkpoint(5).load()
         self.llm = self.package.LLM(args.model, max_batch_size=args.max_batch, block_size=args.block_size,
                                     num_kv_blocks=args.num_kv_blocks)
         self.sessions = {}
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
         params = self.package.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        [(output, params)] = self.llm._make_requests([prompt], params)
-        self.sessions[request_id] = self.llm._new_session(output, params)
-        self.llm.scheduler.add_request(self.sessions[request_id])
+        self.sessions[request_id] = self.llm.add_request(prompt, params)
 
     def step(self) -> list[tuple[str, list[int], bool]]:
         """(request id, tokens so far, finished) of each request that advanced."""
@@ -80,8 +81,7 @@ class Chapter07:
     """Drives chapter 07's `LLMEngine`."""
 
     def __init__(self, args):
-        self.package = importlib.import_module("chapters.ch07_continuous_batching.rosellm") \
-            if (ROOT / "chapters" / "ch07_continuous_batching").is_dir() else importlib.import_module("rosellm")
+        self.package = chapters.checkpoint(7).load()
         self.engine = self.package.LLMEngine(args.model, max_num_seqs=args.max_batch, block_size=args.block_size,
                                              num_kv_blocks=args.num_kv_blocks)
         self.preemptions = self.recomputed_tokens = 0

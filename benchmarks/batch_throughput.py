@@ -30,9 +30,12 @@ import time
 from collections import deque
 from pathlib import Path
 
+from . import named_checkpoint
 from .machine import command_line, machine_info, measure_watched
 
+NAME = "batch-throughput"
 HELP = "output tokens/s against batch size, and the padded share of the merged KV cache (chapter 03)"
+CHAPTER = 3
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,8 +44,8 @@ def int_list(text: str) -> list[int]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--checkpoint", default="chapters.ch03_batch_decode.rosellm",
-                        help="module of a chapter checkpoint whose LLM takes max_batch_size "
+    parser.add_argument("--checkpoint", default="3",
+                        help="chapter (3, ch03, ...) or module of a checkpoint whose LLM takes max_batch_size "
                              "(default: chapter 03)")
     parser.add_argument("--model", default=None, help=".gguf file or Hugging Face folder (default: SmolLM2)")
     parser.add_argument("--device", default="cpu")
@@ -188,8 +191,9 @@ def run(args) -> dict:
 def measure(args) -> dict:
     wall_start = time.perf_counter()
     machine = machine_info(args.device)  # before we load the machine ourselves
+    args.checkpoint = named_checkpoint(args.checkpoint).module
     engine = importlib.import_module(args.checkpoint)
-    chapter = getattr(engine, "__chapter__", "00_unknown")
+    chapter = engine.__chapter__
     tag = f"ch{chapter[:2]}"
     # One LLM whose limit is the largest batch: each point submits exactly b requests, so the batch is b.
     largest = max(args.batch_sizes + [args.mixed_requests])
@@ -267,8 +271,8 @@ def measure(args) -> dict:
 
 def measure_padding(args, engine, llm, vocab: int) -> dict | None:
     """Part 2: run the mixed-length batch once with the merges counted; check against the replay."""
-    if not hasattr(importlib.import_module(args.checkpoint + ".engine"), "BatchedKVCache"):
-        print("this checkpoint merges no padded caches (no BatchedKVCache): padding not measured")
+    if "padded_batch" not in named_checkpoint(args.checkpoint).capabilities:
+        print("this checkpoint merges no padded caches: padding not measured")
         return None
     rng = random.Random(args.seed)  # its own stream: the lengths do not depend on part 1's settings
     lens = [rng.randint(*args.mixed_len) for _ in range(args.mixed_requests)]

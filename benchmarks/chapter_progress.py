@@ -12,32 +12,25 @@ checkpoint's tokens must equal transformers' on a sample (one request at a time)
 
 import datetime
 import time
-import importlib
-import re
 from pathlib import Path
+
+import chapters
 
 from . import harness
 from .machine import command_line
 from .offline_cpu import check_against, output_paths
 
+NAME = "chapters"
 HELP = "DESIGN §6 chapters: every chapter checkpoint on one small workload (tokens/s per chapter)"
+CHAPTER = 7  # runs through the harness's workers, which drive chapter 07's step engine
 
 
-def checkpoints() -> list[tuple[int, str]]:
-    """(chapter number, module) for each frozen chapter under chapters/, then rosellm/ (the latest)."""
-    found = [(int(re.match(r"ch(\d\d)_", p.parent.name).group(1)), f"chapters.{p.parent.name}.rosellm")
-             for p in sorted((harness.ROOT / "chapters").glob("ch[0-9][0-9]_*/rosellm"))]
-    latest = importlib.import_module("rosellm").__chapter__
-    found.append((int(latest[:2]), "rosellm"))
-    return found
-
-
-def checkpoint_options(chapter: int, batch: int) -> dict:
-    """What each chapter's `LLM` needs to batch `batch` requests on a CPU."""
-    if chapter <= 2:
+def checkpoint_options(point: chapters.Checkpoint, batch: int) -> dict:
+    """What a checkpoint's `LLM` needs to batch `batch` requests on a CPU, from what it declares."""
+    if "batched" not in point.capabilities:
         return {}  # one request at a time
-    options = {"max_batch_size": batch} if chapter <= 6 else {"max_num_seqs": batch}
-    if chapter >= 6:
+    options = {"max_num_seqs" if "step_engine" in point.capabilities else "max_batch_size": batch}
+    if "triton_kernels" in point.capabilities:
         options["attention_backend"] = "torch"
     return options
 
@@ -91,9 +84,10 @@ def measure(args) -> dict:
                                        config.vocab_size, args.seed)
     warmup = harness.random_requests(1, (8, 8), (2, 2), config.vocab_size, args.seed + 1000)
     wanted = {int(c) for c in args.only.split(",")} if args.only else None
-    chosen = [(n, module) for n, module in checkpoints() if wanted is None or n in wanted]
+    chosen = [point for point in chapters.checkpoints() if wanted is None or point.number in wanted]
+    names = ", ".join(f"ch{point.number:02d}" for point in chosen)
     print(f"workload: {len(requests)} requests, prompts {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
-          f"{args.max_tokens} tokens each, greedy; checkpoints: {', '.join(f'ch{n:02d}' for n, _ in chosen)}")
+          f"{args.max_tokens} tokens each, greedy; checkpoints: {names}")
     sample = list(range(min(args.check_requests, len(requests))))
     oracle = harness.run_worker("hf-generate", {"model": args.model, "threads": args.threads, "requests": requests,
                                                 "reference_only": True, "batch_size": 1, "reference_sample": sample,
@@ -101,8 +95,8 @@ def measure(args) -> dict:
                                 "transformers reference (one request at a time)", args.resume, not args.quick)
     reference = oracle.get("reference", {})
     rows, tokens = [], {}
-    for n, module in chosen:
-        options = checkpoint_options(n, args.batch)
+    for point in chosen:
+        n, module, options = point.number, point.module, checkpoint_options(point, args.batch)
         run = harness.run_worker("checkpoint", {"checkpoint": module, "model": args.model, "threads": args.threads,
                                                 "options": options, "requests": requests, "warmup": warmup},
                                  f"chapter {n:02d} ({module}) {options or ''}", args.resume, not args.quick)

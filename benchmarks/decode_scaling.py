@@ -16,9 +16,12 @@ import statistics
 import time
 from pathlib import Path
 
+from . import named_checkpoint
 from .machine import command_line, machine_info, measure_watched
 
+NAME = "decode-scaling"
 HELP = "milliseconds per decode step against sequence length, for one chapter checkpoint"
+CHAPTER = 2
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -28,8 +31,8 @@ def int_list(text: str) -> list[int]:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--checkpoint", default="rosellm",
-                        help="module of a chapter checkpoint (default: rosellm, the latest chapter), "
-                             "e.g. chapters.ch01_naive_decode.rosellm")
+                        help="chapter (2, ch02, ...) or module of a checkpoint (default: rosellm, the latest "
+                             "chapter), e.g. chapters.ch01_naive_decode.rosellm")
     parser.add_argument("--model", default=None, help=".gguf file or Hugging Face folder (default: SmolLM2)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--lengths", type=int_list, default=[16, 64, 128, 256, 384, 512],
@@ -79,8 +82,9 @@ def run(args) -> dict:
 def measure(args) -> dict:
     wall_start = time.perf_counter()
     machine = machine_info(args.device)  # before we load the machine ourselves
+    args.checkpoint = named_checkpoint(args.checkpoint).module
     engine = importlib.import_module(args.checkpoint)
-    chapter = getattr(engine, "__chapter__", "00_unknown")
+    chapter = engine.__chapter__
     tag = f"ch{chapter[:2]}"
     start = time.perf_counter()
     llm = engine.LLM(model=args.model, device=args.device)

@@ -26,6 +26,7 @@ from pathlib import Path
 from .machine import machine_info
 
 HELP = "paged decode attention: Triton kernel vs PyTorch reference vs dense SDPA (needs CUDA)"
+CHAPTER = 6
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("triton", "triton-1split", "torch-ref", "sdpa-dense")
 

@@ -17,7 +17,9 @@ from . import harness
 from .machine import command_line
 from .offline_cpu import check_against, output_paths
 
+NAME = "latency-cpu"
 HELP = "DESIGN §6 latency-cpu: one request (128-token prompt, 256 tokens), rosellm vs transformers at batch 1"
+CHAPTER = 7  # measures chapter 07's step engine (`LLMEngine`)
 
 
 def add_arguments(parser) -> None:

@@ -26,7 +26,9 @@ from pathlib import Path
 from . import harness
 from .machine import command_line
 
+NAME = "offline-cpu"
 HELP = "DESIGN §6 offline-cpu: 64 random requests, rosellm vs transformers generate and continuous batching"
+CHAPTER = 7  # measures chapter 07's step engine (`LLMEngine`)
 
 ENGINES = ("rosellm", "hf-generate", "hf-continuous")
 LABELS = {"rosellm": "rosellm (ch07, continuous batching)",

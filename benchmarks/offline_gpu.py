@@ -24,7 +24,9 @@ from .machine import command_line
 from .offline_cpu import (LABELS, agreement, kv_blocks_needed, output_paths, report, summarize_runs, targets_met,
                           workload_work)
 
+NAME = "offline-gpu"
 HELP = "DESIGN §6 offline-gpu: nano-vllm's workload (256 seqs, ~0.6B random Llama, bf16) vs transformers; CUDA only"
+CHAPTER = 7  # measures chapter 07's step engine (`LLMEngine`)
 
 QWEN3_0_6B_SHAPE = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,

@@ -26,19 +26,20 @@ use one thread: two OpenMP threads on two busy cores mostly wait for each other.
 import contextlib
 import datetime
 import gc
-import importlib
 import json
 import random
 import statistics
 import time
 from pathlib import Path
 
+import chapters
+
 from .machine import command_line, machine_info, measure_watched
 
+NAME = "paged-vs-padded"
 HELP = "chapter 05's paged KV pool vs chapter 03's padded caches: KV memory use, throughput, requests per budget"
+CHAPTER = 5
 ROOT = Path(__file__).resolve().parent.parent
-CH03 = "chapters.ch03_batch_decode.rosellm"
-CH05 = "chapters.ch05_paged_attention.rosellm"
 MIB = 1 << 20
 
 
@@ -335,10 +336,11 @@ def measure(args) -> dict:
     wall_start = time.perf_counter()
     machine = machine_info(args.device)  # before we load the machine ourselves
     parts = set(args.parts.split(","))
-    ch03, ch05 = importlib.import_module(CH03), importlib.import_module(CH05)
+    padded, paged = chapters.checkpoint(3), chapters.checkpoint(5)
+    ch03, ch05 = padded.load(), paged.load()
     common = {"model": args.model, "device": args.device, "max_model_len": args.max_model_len}
     result = {"workload": "paged-vs-padded", "command": command_line(),
-              "date": datetime.date.today().isoformat(), "checkpoints": [CH03, CH05],
+              "date": datetime.date.today().isoformat(), "checkpoints": [padded.module, paged.module],
               "model": args.model or "SmolLM2-135M-Instruct (bundled GGUF, dequantized)",
               "settings": {k: v for k, v in vars(args).items() if k not in ("json", "figure", "run")},
               "machine": machine}

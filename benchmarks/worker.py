@@ -507,7 +507,7 @@ def task_checkpoint(spec: dict) -> dict:
         start = time.perf_counter()
         outputs = llm.generate([p for p, _ in requests], [params(m) for _, m in requests], use_tqdm=True)
         wall = time.perf_counter() - start
-    return {"engine": spec["checkpoint"], "chapter": getattr(engine, "__chapter__", "?"), "load_s": round(load_s, 2),
+    return {"engine": spec["checkpoint"], "chapter": engine.__chapter__, "load_s": round(load_s, 2),
             "wall_s": wall, "tokens": [list(o.token_ids) for o in outputs], "memory": memory.as_dict()}
 
 

@@ -1,0 +1,123 @@
+"""The chapter checkpoints: the frozen `chapters/chNN_slug/rosellm/` packages, then `rosellm/` (the latest).
+
+Tests, benchmarks and the docs find checkpoints here and ask them what they can do by name (a capability
+each checkpoint declares in its `__init__.py`), never by probing attributes:
+
+    from chapters import checkpoints, checkpoint, latest
+    for point in checkpoints():
+        if "paged" in point.capabilities:
+            llm = point.load().LLM(...)
+
+Declarations are read by parsing `__init__.py`, not importing it: listing checkpoints never imports torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+FROZEN_FOLDER = re.compile(r"ch(\d\d)_([a-z0-9_]+)$")
+CHAPTER_DECLARATION = re.compile(r"(\d\d)_([a-z0-9_]+)$")
+NAME_FORMS = re.compile(r"(?:ch)?(\d{1,2})(?:_([a-z0-9_]+))?$")
+
+# Every capability a checkpoint may declare, and what a checkpoint that declares it can do.
+CAPABILITIES = {
+    "kv_cache": "keeps keys and values between steps instead of recomputing the prefix",
+    "contiguous_cache": "one contiguous KV cache per request (`kv_cache.KVCache`)",
+    "batched": "generates many requests together",
+    "offline_scheduler": "an offline scheduler of sessions: `LLM.add_request`, `LLM.scheduler.step()`",
+    "padded_batch": "merges per-request caches into one padded batch cache each step",
+    "block_manager": "fixed-size KV blocks with block tables and reference counts",
+    "block_check": "checks at every step that the block tables agree with the real caches",
+    "paged": "one paged KV pool per layer, attention through block tables",
+    "triton_kernels": "Triton kernels for GPU, chosen by `attention_backend`",
+    "step_engine": "the step-level `LLMEngine` (add_request / step / abort_request), options named as vLLM's",
+    "preemption": "a scheduler with waiting and running queues and budgets, which preempts by recomputation",
+}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One chapter's package: where it is, how to import it, what it declares it can do."""
+
+    number: int
+    slug: str
+    name: str
+    module: str
+    path: Path
+    capabilities: frozenset[str]
+
+    def load(self) -> ModuleType:
+        """Import the package (this imports torch)."""
+        return importlib.import_module(self.module)
+
+
+def read_declarations(init_file: Path) -> tuple[str, frozenset[str]]:
+    """`__chapter__` and `__capabilities__` of a package's `__init__.py`, parsed without importing it."""
+    found: dict[str, ast.expr] = {}
+    for node in ast.parse(init_file.read_text(), filename=str(init_file)).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            found[node.targets[0].id] = node.value
+    if "__chapter__" not in found:
+        raise ValueError(f'{init_file} declares no __chapter__ = "NN_slug"')
+    chapter = ast.literal_eval(found["__chapter__"])
+    declared = found.get("__capabilities__")
+    if declared is None:
+        return chapter, frozenset()
+    if isinstance(declared, ast.Call) and isinstance(declared.func, ast.Name) and declared.func.id == "frozenset":
+        capabilities = frozenset(ast.literal_eval(declared.args[0])) if declared.args else frozenset()
+    else:
+        capabilities = frozenset(ast.literal_eval(declared))
+    unknown = capabilities - CAPABILITIES.keys()
+    if unknown:
+        raise ValueError(f"{init_file} declares unknown capabilities {sorted(unknown)}; known: {sorted(CAPABILITIES)}")
+    return chapter, capabilities
+
+
+def load_checkpoint(package: Path, module: str) -> Checkpoint:
+    chapter, capabilities = read_declarations(package / "__init__.py")
+    match = CHAPTER_DECLARATION.match(chapter)
+    if not match:
+        raise ValueError(f'{package}/__init__.py: __chapter__ = "{chapter}" is not "NN_slug"')
+    number, slug = int(match.group(1)), match.group(2)
+    return Checkpoint(number, slug, f"ch{number:02d}_{slug}", module, package, capabilities)
+
+
+def checkpoints() -> list[Checkpoint]:
+    """Every checkpoint in chapter order, `rosellm/` (the latest) last."""
+    found = []
+    for folder in sorted((ROOT / "chapters").glob("ch[0-9][0-9]_*")):
+        if FROZEN_FOLDER.match(folder.name) and (folder / "rosellm" / "__init__.py").is_file():
+            point = load_checkpoint(folder / "rosellm", f"chapters.{folder.name}.rosellm")
+            if point.name != folder.name:
+                raise ValueError(f"chapters/{folder.name}/rosellm declares chapter {point.name}")
+            found.append(point)
+    found.append(load_checkpoint(ROOT / "rosellm", "rosellm"))
+    numbers = [point.number for point in found]
+    if numbers != list(range(1, len(found) + 1)):
+        raise ValueError(f"checkpoints must be chapters 1..N in order, rosellm/ last; found {numbers}")
+    return found
+
+
+def checkpoint(number_or_name: int | str) -> Checkpoint:
+    """The checkpoint of a chapter, named 7, "07", "ch07" or "ch07_continuous_batching"."""
+    text = str(number_or_name)
+    match = NAME_FORMS.match(text)
+    if isinstance(number_or_name, bool) or not match:
+        raise ValueError(f"{number_or_name!r} names no chapter (say 7, '07', 'ch07' or 'ch07_slug')")
+    number, slug = int(match.group(1)), match.group(2)
+    for point in checkpoints():
+        if point.number == number and slug in (None, point.slug):
+            return point
+    known = ", ".join(point.name for point in checkpoints())
+    raise ValueError(f"no checkpoint {number_or_name!r}; there are: {known}")
+
+
+def latest() -> Checkpoint:
+    """The checkpoint of the latest chapter: `rosellm/` itself."""
+    return checkpoints()[-1]

@@ -7,4 +7,7 @@ from .outputs import RequestOutput
 from .sampling import SamplingParams
 
 __chapter__ = "07_continuous_batching"
+__capabilities__ = frozenset(
+    {"kv_cache", "batched", "block_manager", "paged", "triton_kernels", "step_engine", "preemption"}
+)
 __all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

@@ -49,14 +49,18 @@ def linked_figure(match: re.Match) -> str:
 
 
 def checkpoint_dir(root: Path, name: str) -> Path:
-    frozen = root / "chapters" / name / "rosellm"
-    if frozen.is_dir():
-        return frozen
-    latest = re.search(r'__chapter__\s*=\s*"([^"]+)"', (root / "rosellm" / "__init__.py").read_text())
-    if latest and f"ch{latest.group(1)}" == name:
-        return root / "rosellm"
-    raise PluginError(f"no checkpoint {name!r}: neither chapters/{name}/rosellm/ nor rosellm/ with "
-                      f'__chapter__ = "{name[2:]}"')
+    """The package folder of checkpoint `name` (`chNN_slug`), as the repository's `chapters` helper finds it."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("chapters", root / "chapters" / "__init__.py")
+    helper = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = helper  # where its dataclass looks itself up
+    spec.loader.exec_module(helper)
+    try:
+        return helper.checkpoint(name).path
+    except ValueError as error:
+        raise PluginError(str(error)) from None
 
 
 def checkpoint_files(folder: Path) -> dict[str, list[str]]:

@@ -6,7 +6,8 @@ The tags point at a linear series of synthetic commits built from HEAD's committ
 changes are ignored). Commit k holds HEAD's tree with:
   - `rosellm/` replaced by `chapters/chk_slug/rosellm/` (the latest chapter keeps `rosellm/` as it is);
   - `chapters/chj_*` removed for j >= k (so `chapters/` holds exactly the earlier checkpoints);
-  - `tests/chj_*`, `notebooks/chj_*` and `docs/chapters/chj_*` removed for j > k;
+  - `tests/chj_*`, `notebooks/chj_*` and `docs/chapters/chj_*` removed for j > k, and so are the benchmark
+    workloads of chapter j (the modules under `benchmarks/` that declare `CHAPTER = j`);
   - `mkdocs.yml` without the nav lines that point at the removed chapter pages and notebooks.
 Commit k's parent is commit k-1; ch01 is a root commit (no parent), so the series stands on its own and
 `git log ch03` shows exactly three chapters. Author, committer and dates are HEAD's committer's, so the same
@@ -31,6 +32,8 @@ CHAPTER_DECLARATION = re.compile(r'^__chapter__\s*=\s*["\'](\d+)_([A-Za-z0-9_]+)
 # Paths of per-chapter material, removed from commit k when their chapter j is later than k.
 LATER_MATERIAL = re.compile(r"^(?:tests|notebooks|docs/chapters)/ch(\d+)_")
 FROZEN_CHECKPOINT = re.compile(r"^chapters/ch(\d+)_")
+# A benchmark workload says which chapter it belongs to: `CHAPTER = 3` at the start of a line of its module.
+WORKLOAD_CHAPTER = re.compile(r"^CHAPTER = (\d+)\b", re.MULTILINE)
 # A chapter page or notebook named in mkdocs.yml: chapters/ch02_kv_cache.md, notebooks/ch02_kv_cache.ipynb.
 NAV_CHAPTER_PAGE = re.compile(r"\bch(\d+)_[\w-]*\.(?:md|ipynb)\b")
 
@@ -145,8 +148,7 @@ def frozen_chapters(head: str, latest: Chapter) -> list[Chapter]:
             raise Refusal(f"chapters/{name}/ has no rosellm/ checkpoint")
         if chapter.number in found or chapter.number >= latest.number:
             raise Refusal(
-                f"chapters/{name}/ clashes with another checkpoint or with rosellm/ "
-                f"(chapter {latest.dirname})"
+                f"chapters/{name}/ clashes with another checkpoint or with rosellm/ (chapter {latest.dirname})"
             )
         found[chapter.number] = chapter
     missing = [f"{n:02d}" for n in range(1, latest.number) if n not in found]
@@ -155,15 +157,29 @@ def frozen_chapters(head: str, latest: Chapter) -> list[Chapter]:
     return [found[n] for n in range(1, latest.number)]
 
 
+def workload_chapters(head: str) -> dict[str, int]:
+    """Path -> chapter of each module directly under HEAD's `benchmarks/` that declares `CHAPTER = N`."""
+    found = {}
+    for name, (_, kind, oid) in tree_entries(f"{head}:benchmarks").items():
+        if kind == "blob" and name.endswith(".py"):
+            match = WORKLOAD_CHAPTER.search(git_output("cat-file", "blob", oid).decode(errors="replace"))
+            if match:
+                found[f"benchmarks/{name}"] = int(match.group(1))
+    return found
+
+
 # --- one chapter's tree ---------------------------------------------------------------------------
 
 
-def is_removed(path: str, chapter: int, latest: int) -> bool:
-    """Whether `path` (from HEAD's tree) is absent from chapter `chapter`'s commit."""
+def is_removed(path: str, chapter: int, latest: int, workloads: dict[str, int] | None = None) -> bool:
+    """Whether `path` (from HEAD's tree) is absent from chapter `chapter`'s commit; `workloads` maps the
+    benchmark workloads' paths to their chapters."""
     if chapter < latest and path.startswith("rosellm/"):
         return True
     frozen = FROZEN_CHECKPOINT.match(path)
     if frozen and int(frozen.group(1)) >= chapter:
+        return True
+    if (workloads or {}).get(path, 0) > chapter:
         return True
     later = LATER_MATERIAL.match(path)
     return bool(later and int(later.group(1)) > chapter)
@@ -179,11 +195,11 @@ def filter_mkdocs_nav(text: str, chapter: int) -> str:
     return "".join(kept)
 
 
-def chapter_tree(head: str, chapter: Chapter, latest: Chapter, index_env: dict) -> str:
+def chapter_tree(head: str, chapter: Chapter, latest: Chapter, workloads: dict[str, int], index_env: dict) -> str:
     """Write the tree of `chapter`'s commit (see the module docstring) through a temporary index."""
     git("read-tree", head, env=index_env)
     paths = git_paths("ls-files", "-z", env=index_env)
-    removed = [path for path in paths if is_removed(path, chapter.number, latest.number)]
+    removed = [path for path in paths if is_removed(path, chapter.number, latest.number, workloads)]
     if removed:
         git("update-index", "-z", "--force-remove", "--stdin", env=index_env, stdin="\0".join(removed).encode())
     if chapter.number < latest.number:
@@ -219,13 +235,14 @@ def make_tags() -> list[tuple[Chapter, str]]:
     head = head_commit()
     latest = latest_chapter(head)
     chapters = [*frozen_chapters(head, latest), latest]
+    workloads = workload_chapters(head)
     commit_env = committer_env(head)
     made = []
     parent = None
     with tempfile.TemporaryDirectory(prefix="make_tags-") as scratch:
         index_env = {**os.environ, "GIT_INDEX_FILE": os.path.join(scratch, "index")}
         for chapter in chapters:
-            tree = chapter_tree(head, chapter, latest, index_env)
+            tree = chapter_tree(head, chapter, latest, workloads, index_env)
             parent = chapter_commit(tree, parent, chapter, head, commit_env)
             made.append((chapter, parent))
     for chapter, commit in made:

@@ -1,53 +1,98 @@
 """Shared fixtures: chapter checkpoints, tiny random Llama models with their Hugging Face twins, SmolLM2.
 
-The `checkpoint` fixture is what keeps old lessons true: a test in `tests/chNN_slug/` runs against
-chapter NN's checkpoint and every later one (the frozen copies under `chapters/` and `rosellm/`).
-A test module about a structure that a later chapter replaces sets `LAST_CHAPTER = k`.
+The `checkpoint` fixture is what keeps old lessons true. A test in `tests/chNN_slug/` runs against chapter
+NN's checkpoint and every later one (the frozen copies under `chapters/`, then `rosellm/`). Tests marked
+`model` (SmolLM2) or `slow` (e.g. Triton's interpreter on a CPU) run on the first and the last of those
+checkpoints only, unless pytest is given `--all-checkpoints`: each chapter adds a fixed cost for those.
+
+A test that needs something a checkpoint declares (`__capabilities__` in its `__init__.py`, the names in
+`chapters.CAPABILITIES`) says so with `@pytest.mark.requires("paged", ...)`: checkpoints without it are
+not parametrized at all (a test of a structure that a later chapter replaces ends where it goes).
 """
 
-import importlib
+import functools
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
+import chapters
 from tests.tiny_models import TINY_CONFIGS, make_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
+CHAPTER_TEST_DIR = re.compile(r"ch(\d\d)_")
 
 
-def chapter_number(name: str) -> int:
-    return int(re.match(r"ch(\d\d)_", name).group(1))
+def pytest_addoption(parser):
+    parser.addoption(
+        "--all-checkpoints",
+        action="store_true",
+        help="run the model and slow tests on every checkpoint from their chapter on, not only the first and latest",
+    )
 
 
-def all_checkpoints() -> list[tuple[int, str]]:
-    """(chapter number, module name) for each frozen chapter and for `rosellm/` (the latest)."""
-    found = [
-        (chapter_number(path.parent.name), f"chapters.{path.parent.name}.rosellm")
-        for path in sorted(ROOT.glob("chapters/ch[0-9][0-9]_*/rosellm"))
-    ]
-    latest = re.search(r'__chapter__ = "(\d\d)_', (ROOT / "rosellm" / "__init__.py").read_text())
-    found.append((int(latest.group(1)), "rosellm"))
-    return found
+@functools.cache
+def all_checkpoints() -> tuple[chapters.Checkpoint, ...]:
+    return tuple(chapters.checkpoints())
+
+
+def checkpoints_for(test_dir: str, required: set[str], costly: bool, every: bool) -> list[chapters.Checkpoint]:
+    """The checkpoints one test of `tests/<test_dir>/` runs against (see the module docstring)."""
+    first = int(CHAPTER_TEST_DIR.match(test_dir).group(1))
+    chosen = [point for point in all_checkpoints() if point.number >= first and required <= point.capabilities]
+    if costly and not every and len(chosen) > 2:
+        chosen = [chosen[0], chosen[-1]]
+    return chosen
 
 
 def pytest_generate_tests(metafunc):
     if "checkpoint" not in metafunc.fixturenames:
         return
-    test_dir = Path(metafunc.definition.path).parent.name
-    first = chapter_number(test_dir)
-    # A test of a structure that a later chapter replaces says where it stops holding.
-    last = getattr(metafunc.module, "LAST_CHAPTER", 99)
-    chosen = [(n, module) for n, module in all_checkpoints() if first <= n <= last]
-    ids = [f"ch{n:02d}" for n, _ in chosen]
-    metafunc.parametrize("checkpoint", [module for _, module in chosen], ids=ids, indirect=True)
+    required = {name for marker in metafunc.definition.iter_markers("requires") for name in marker.args}
+    unknown = required - chapters.CAPABILITIES.keys()
+    if unknown:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid} requires unknown capabilities {sorted(unknown)}")
+    chosen = checkpoints_for(
+        Path(metafunc.definition.path).parent.name,
+        required,
+        costly=any(metafunc.definition.get_closest_marker(name) for name in ("model", "slow")),
+        every=metafunc.config.getoption("--all-checkpoints"),
+    )
+    if not chosen:
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid}: no checkpoint from its chapter on declares {sorted(required)}"
+        )
+    ids = [f"ch{point.number:02d}" for point in chosen]
+    metafunc.parametrize("checkpoint", chosen, ids=ids, indirect=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the tests of benchmark workloads this tree does not hold (a chapter tag holds its own)."""
+    from benchmarks import WORKLOADS
+
+    latest = all_checkpoints()[-1].number
+    present = {name for name, (_, chapter) in WORKLOADS.items() if chapter <= latest}
+    absent = [
+        item
+        for item in items
+        if any(name not in present for marker in item.iter_markers("workload") for name in marker.args)
+    ]
+    if absent:
+        config.hook.pytest_deselected(items=absent)
+        items[:] = [item for item in items if item not in absent]
 
 
 @pytest.fixture
 def checkpoint(request):
     """The package of one chapter checkpoint, e.g. `chapters.ch01_naive_decode.rosellm`."""
-    return importlib.import_module(request.param)
+    return request.param.load()
+
+
+@pytest.fixture
+def checkpoint_info(checkpoint, request) -> chapters.Checkpoint:
+    """The `chapters.Checkpoint` of the test's `checkpoint`: its number, name and capabilities."""
+    return request.node.callspec.params["checkpoint"]
 
 
 # --- tiny random models -----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def _hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int) -> list[int
         do_sample=False,
         pad_token_id=hf_model.config.eos_token_id,
     )
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 @torch.inference_mode()

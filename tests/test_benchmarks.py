@@ -2,7 +2,8 @@
 result files, the checks against transformers, the figures), not the speed.
 
 Each workload runs through the command line, as `make bench` runs it, with one torch thread (the timings
-of a shared machine do not matter here; a stalled second thread would only make the test slow).
+of a shared machine do not matter here; a stalled second thread would only make the test slow). A test
+marked `workload(name)` runs only where that workload's chapter exists (see `tests/conftest.py`).
 """
 
 import json
@@ -13,18 +14,22 @@ from pathlib import Path
 import pytest
 import torch
 
+import chapters
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_quick(workload: str, model: Path, tmp_path: Path) -> dict:
     json_path, figure = tmp_path / f"{workload}.json", tmp_path / f"{workload}.png"
-    done = bench(workload, "--quick", "--model", str(model), "--threads", "1", "--json", str(json_path),
-                 "--figure", str(figure))
+    done = bench(
+        workload, "--quick", "--model", str(model), "--threads", "1", "--json", str(json_path), "--figure", str(figure)
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert figure.is_file() and figure.stat().st_size > 0
     result = json.loads(json_path.read_text())
@@ -47,6 +52,7 @@ def tiny_gqa(tiny_model_dirs) -> Path:
     return tiny_model_dirs["gqa"]
 
 
+@pytest.mark.workload("offline-cpu")
 def test_offline_cpu_quick(tiny_gqa, tmp_path):
     result = run_quick("offline-cpu", tiny_gqa, tmp_path)
     engines = {e["engine"]: e for e in result["engines"]}
@@ -71,6 +77,7 @@ def test_offline_cpu_quick(tiny_gqa, tmp_path):
     assert set(result["targets"]) >= {"4x transformers generate", "beats transformers continuous batching"}
 
 
+@pytest.mark.workload("latency-cpu")
 def test_latency_cpu_quick(tiny_gqa, tmp_path):
     result = run_quick("latency-cpu", tiny_gqa, tmp_path)
     engines = {e["engine"]: e for e in result["engines"]}
@@ -82,16 +89,18 @@ def test_latency_cpu_quick(tiny_gqa, tmp_path):
     assert result["all_tokens_identical"] is True
 
 
+@pytest.mark.workload("chapters")
 def test_chapters_quick(tiny_gqa, tmp_path):
     result = run_quick("chapters", tiny_gqa, tmp_path)
     rows = result["chapters"]
-    assert [r["chapter"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 7
+    assert [r["chapter"] for r in rows] == [point.number for point in chapters.checkpoints()]
     for r in rows:
         assert "error" not in r, r
         assert r["output_tokens_per_s"] > 0 and r["check"]["passed"] and r["identical_to_latest"]
     assert rows[0]["speedup_vs_first"] == 1
 
 
+@pytest.mark.workload("offline-gpu")
 def test_offline_gpu_without_cuda_says_so_and_exits_cleanly(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: offline-gpu would run for real")
@@ -102,42 +111,53 @@ def test_offline_gpu_without_cuda_says_so_and_exits_cleanly(tmp_path):
     assert not json_path.exists()
 
 
-def test_every_design_workload_is_registered():
+def test_every_workload_declares_a_chapter_that_exists():
     from benchmarks import WORKLOADS
 
-    assert {"offline-cpu", "latency-cpu", "chapters", "offline-gpu"} <= set(WORKLOADS)
+    for module, chapter in WORKLOADS.values():
+        assert 1 <= chapter <= chapters.latest().number, f"{module} belongs to chapter {chapter}"
+    if chapters.latest().number >= 7:
+        assert {"offline-cpu", "latency-cpu", "chapters", "offline-gpu"} <= set(WORKLOADS)
 
 
 def test_benchmarks_page_is_up_to_date_with_the_committed_results():
     """docs/benchmarks.md's tables are generated from benchmarks/results/: a result committed without
     `python scripts/benchmarks_page.py` fails here."""
-    done = subprocess.run([sys.executable, "scripts/benchmarks_page.py", "--check"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "scripts/benchmarks_page.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
 
 
 # --- the chapter workloads (the measurements quoted on the chapter pages), on tiny settings ------------------
 
 CHAPTER_WORKLOADS = {
-    "decode-scaling": ["--checkpoint", "chapters.ch02_kv_cache.rosellm", "--lengths", "8,16", "--steps", "2",
-                       "--repeats", "1", "--total-tokens", "0"],
-    "batch-throughput": ["--batch-sizes", "1,2", "--prompt-len", "8", "--max-tokens", "4", "--repeats", "1",
-                         "--mixed-requests", "3", "--mixed-len", "4", "16", "--mixed-tokens", "4"],
+    "decode-scaling": "--checkpoint ch02 --lengths 8,16 --steps 2 --repeats 1 --total-tokens 0",
+    "batch-throughput": "--batch-sizes 1,2 --prompt-len 8 --max-tokens 4 --repeats 1 --mixed-requests 3 "
+    "--mixed-len 4 16 --mixed-tokens 4",
     # a 1 MiB budget holds 16 of the tiny model's requests of up to 256 tokens (part c needs it to)
-    "paged-vs-padded": ["--max-model-len", "256", "--block-size", "4", "--mixed-prompts", "3", "--mixed-lengths",
-                        "4,24", "--mixed-max-tokens", "4", "--batches", "2", "--throughput-requests", "3",
-                        "--throughput-lengths", "4,16", "--throughput-max-tokens", "2,4", "--repeats", "1",
-                        "--budget-mib", "1", "--budget-requests", "16"],
-    "arrivals": ["--requests", "4", "--every", "1", "--prompt-len", "4", "12", "--max-tokens", "4", "8",
-                 "--block-size", "4", "--num-kv-blocks", "12"],
+    "paged-vs-padded": "--max-model-len 256 --block-size 4 --mixed-prompts 3 --mixed-lengths 4,24 "
+    "--mixed-max-tokens 4 --batches 2 --throughput-requests 3 --throughput-lengths 4,16 --throughput-max-tokens 2,4 "
+    "--repeats 1 --budget-mib 1 --budget-requests 16",
+    "arrivals": "--requests 4 --every 1 --prompt-len 4 12 --max-tokens 4 8 --block-size 4 --num-kv-blocks 12",
 }
 
 
-@pytest.mark.parametrize("workload", list(CHAPTER_WORKLOADS))
+@pytest.mark.parametrize(
+    "workload", [pytest.param(name, marks=pytest.mark.workload(name)) for name in CHAPTER_WORKLOADS]
+)
 def test_chapter_workload_runs_and_records_its_machine(workload, tiny_gqa, tmp_path):
     json_path = tmp_path / "result.json"
-    args = [workload, *CHAPTER_WORKLOADS[workload], "--model", str(tiny_gqa), "--threads", "1",
-            "--json", str(json_path)]
+    args = [
+        workload,
+        *CHAPTER_WORKLOADS[workload].split(),
+        "--model",
+        str(tiny_gqa),
+        "--threads",
+        "1",
+        "--json",
+        str(json_path),
+    ]
     if workload != "arrivals":
         args += ["--figure", str(tmp_path / "figure.png")]
     done = bench(*args)

@@ -37,8 +37,7 @@ def test_smollm2_greedy_matches_transformers(smollm2_llm, smollm2_hf, checkpoint
         tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
         for q in SMOLLM2_QUESTIONS
     ]
-    outputs = smollm2_llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=32),
-                                   use_tqdm=False)
+    outputs = smollm2_llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
     for output in outputs:
         assert output.token_ids == hf_greedy(smollm2_hf, output.prompt_token_ids, 32)
     assert "Paris" in outputs[0].text
@@ -75,8 +74,9 @@ def test_max_tokens_finishes_with_length(checkpoint, tiny_model_dirs):
 
 def test_stop_token_ids_finish_with_stop(checkpoint, tiny_model_dirs):
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]))
-    free = llm.generate([[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                        use_tqdm=False)[0].token_ids
+    free = llm.generate(
+        [[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )[0].token_ids
     stop = free[4]
     first = free.index(stop)
     params = checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop])
@@ -87,15 +87,16 @@ def test_stop_token_ids_finish_with_stop(checkpoint, tiny_model_dirs):
 
 def test_eos_stops_unless_ignored(checkpoint, tiny_model_dirs):
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]))
-    free = llm.generate([[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                        use_tqdm=False)[0].token_ids
+    free = llm.generate(
+        [[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )[0].token_ids
     llm.eos_token_ids.clear()
     llm.eos_token_ids.add(free[2])  # pretend that token is the model's EOS
-    stopped = llm.generate([[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12),
-                           use_tqdm=False)[0]
+    stopped = llm.generate([[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
     assert stopped.token_ids == free[: free.index(free[2]) + 1] and stopped.finish_reason == "stop"
-    ignored = llm.generate([[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                           use_tqdm=False)[0]
+    ignored = llm.generate(
+        [[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False
+    )[0]
     assert ignored.token_ids == free and ignored.finish_reason == "length"
 
 

@@ -24,8 +24,9 @@ def test_gguf_converts_once_into_a_cached_hf_folder(checkpoint, smollm2_path, tm
 @pytest.mark.model
 def test_chat_template_and_eos_come_from_the_gguf(smollm2_llm):
     tokenizer = smollm2_llm.tokenizer
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>assistant\n")
     assert smollm2_llm.eos_token_ids == {tokenizer.convert_tokens_to_ids("<|im_end|>")}
 

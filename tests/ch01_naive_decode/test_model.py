@@ -13,8 +13,9 @@ ATOL = 1e-4
 @pytest.mark.parametrize("seq_len", [1, 7, 33, 129])
 def test_tiny_logits_match_transformers(checkpoint, tiny_model_dirs, tiny_hf_models, name, seq_len):
     llm = checkpoint.LLM(str(tiny_model_dirs[name]))
-    token_ids = torch.randint(0, llm.model.config.vocab_size, (seq_len,),
-                              generator=torch.Generator().manual_seed(seq_len)).tolist()
+    token_ids = torch.randint(
+        0, llm.model.config.vocab_size, (seq_len,), generator=torch.Generator().manual_seed(seq_len)
+    ).tolist()
     ours = llm.prompt_logits(token_ids)
     theirs = hf_logits(tiny_hf_models[name], token_ids)
     assert ours.shape == theirs.shape == (seq_len, llm.model.config.vocab_size)

@@ -20,7 +20,15 @@ def test_top_k_keeps_the_k_largest(checkpoint):
 
 @pytest.mark.parametrize(
     "top_p, expected",
-    [(0.3, {0}), (0.5, {0}), (0.51, {0, 1}), (0.75, {0, 1}), (0.9, {0, 1, 2}), (0.96, {0, 1, 2, 3}), (1.0, {0, 1, 2, 3})],
+    [
+        (0.3, {0}),
+        (0.5, {0}),
+        (0.51, {0, 1}),
+        (0.75, {0, 1}),
+        (0.9, {0, 1, 2}),
+        (0.96, {0, 1, 2, 3}),
+        (1.0, {0, 1, 2, 3}),
+    ],
 )
 def test_top_p_keeps_the_smallest_set_reaching_p(checkpoint, top_p, expected):
     # probabilities 0.5, 0.3, 0.15, 0.05, shuffled so that the filter must sort
@@ -49,16 +57,18 @@ def test_same_seed_same_tokens_other_seed_other_tokens(checkpoint, tiny_model_di
 
 def test_temperature_to_zero_converges_to_greedy(checkpoint, tiny_model_dirs):
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]))
-    greedy = llm.generate([[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
-                          use_tqdm=False)[0].token_ids
+    greedy = llm.generate(
+        [[10, 11, 12]], checkpoint.SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
+    )[0].token_ids
     cold = checkpoint.SamplingParams(temperature=1e-4, max_tokens=16, ignore_eos=True, seed=0)
     assert llm.generate([[10, 11, 12]], cold, use_tqdm=False)[0].token_ids == greedy
 
 
 def test_top_k_one_is_greedy_at_any_temperature(checkpoint, tiny_model_dirs):
     llm = checkpoint.LLM(str(tiny_model_dirs["mqa_tied"]))
-    greedy = llm.generate([[3, 4]], checkpoint.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
-                          use_tqdm=False)[0].token_ids
+    greedy = llm.generate(
+        [[3, 4]], checkpoint.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False
+    )[0].token_ids
     hot = checkpoint.SamplingParams(temperature=5.0, top_k=1, max_tokens=10, ignore_eos=True)
     assert llm.generate([[3, 4]], hot, use_tqdm=False)[0].token_ids == greedy
 

@@ -24,11 +24,11 @@ def test_prefill_once_then_one_token_per_step(checkpoint, tiny_model_dirs):
 
 @pytest.mark.parametrize("name", list(TINY_CONFIGS))
 @pytest.mark.parametrize("prompt_len", [1, 2, 50])
-def test_long_cached_generation_matches_transformers(checkpoint, tiny_model_dirs, tiny_hf_models, name,
-                                                     prompt_len):
+def test_long_cached_generation_matches_transformers(checkpoint, tiny_model_dirs, tiny_hf_models, name, prompt_len):
     llm = checkpoint.LLM(str(tiny_model_dirs[name]))
-    prompt = torch.randint(3, llm.model.config.vocab_size, (prompt_len,),
-                           generator=torch.Generator().manual_seed(prompt_len)).tolist()
+    prompt = torch.randint(
+        3, llm.model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)
+    ).tolist()
     [output] = llm.generate([prompt], checkpoint.SamplingParams(temperature=0, max_tokens=120), use_tqdm=False)
     assert output.token_ids == hf_greedy(tiny_hf_models[name], prompt, 120)
 
@@ -36,8 +36,9 @@ def test_long_cached_generation_matches_transformers(checkpoint, tiny_model_dirs
 @pytest.mark.model
 def test_smollm2_long_greedy_matches_transformers(checkpoint, smollm2_llm, smollm2_hf):
     tokenizer = smollm2_llm.tokenizer
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Tell me a long story about a robot."}],
-                                           tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Tell me a long story about a robot."}], tokenize=False, add_generation_prompt=True
+    )
     params = checkpoint.SamplingParams(temperature=0, max_tokens=160)
     [output] = smollm2_llm.generate([prompt], params, use_tqdm=False)
     assert len(output.token_ids) > 100

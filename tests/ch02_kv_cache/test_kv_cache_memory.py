@@ -1,15 +1,22 @@
 """The contiguous per-request cache (replaced by a paged pool in chapter 05)."""
 
+import pytest
 import torch
 
-LAST_CHAPTER = 4
+pytestmark = pytest.mark.requires("contiguous_cache")
 
 
 def test_bytes_per_token_formula_with_smollm2_numbers(checkpoint):
-    config = checkpoint.config.ModelConfig.from_dict(dict(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3,
-    ))
+    config = checkpoint.config.ModelConfig.from_dict(
+        dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+        )
+    )
     # 2 (K and V) x 30 layers x 3 KV heads x 64 dims x 4 bytes
     assert checkpoint.kv_cache.KVCache.bytes_per_token(config, torch.float32) == 46080
     assert checkpoint.kv_cache.KVCache.bytes_per_token(config, torch.bfloat16) == 23040

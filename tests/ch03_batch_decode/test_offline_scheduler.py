@@ -4,15 +4,12 @@ Chapter 07 replaces it with the continuous-batching scheduler (which has its own
 
 import pytest
 
-LAST_CHAPTER = 6
+pytestmark = pytest.mark.requires("offline_scheduler")
 
 
 def add(llm, prompt, params):
     """Queue one request on the LLM's scheduler; return its session."""
-    [(output, p)] = llm._make_requests([prompt], params)
-    session = llm._new_session(output, p)
-    llm.scheduler.add_request(session)
-    return session
+    return llm.add_request(prompt, params)
 
 
 def run_to_end(llm) -> int:
@@ -25,11 +22,6 @@ def run_to_end(llm) -> int:
 
 def solo(checkpoint, llm, prompt, params):
     return llm.generate([prompt], params, use_tqdm=False)[0].token_ids
-
-
-@pytest.fixture
-def llm(checkpoint, tiny_model_dirs):
-    return checkpoint.LLM(str(tiny_model_dirs["gqa"]), max_batch_size=3)
 
 
 def greedy(checkpoint, n):

@@ -1,8 +1,10 @@
 """The padded merge of contiguous caches (chapter 05 replaces the caches with a paged pool)."""
 
-from tests.ch03_batch_decode.test_offline_scheduler import add, greedy, llm  # noqa: F401 (fixture)
+import pytest
 
-LAST_CHAPTER = 4
+from tests.ch03_batch_decode.test_offline_scheduler import add, greedy
+
+pytestmark = pytest.mark.requires("padded_batch")
 
 
 def test_padded_batch_cache_masks_and_splits(checkpoint, llm):

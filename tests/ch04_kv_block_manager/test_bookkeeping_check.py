@@ -3,14 +3,12 @@
 
 import pytest
 
-LAST_CHAPTER = 4
+pytestmark = pytest.mark.requires("block_check")
 
 
 def test_a_disagreement_is_caught_at_the_next_step(checkpoint, tiny_model_dirs):
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=4)
-    [(output, params)] = llm._make_requests([[5, 6, 7]], checkpoint.SamplingParams(max_tokens=5))
-    session = llm._new_session(output, params)
-    llm.scheduler.add_request(session)
+    session = llm.add_request([5, 6, 7], checkpoint.SamplingParams(max_tokens=5))
     llm.scheduler.step()
     session.cache.advance(1)  # the real cache drifts from the bookkeeping
     with pytest.raises(AssertionError):

@@ -4,8 +4,18 @@ import torch
 import torch.nn.functional as F
 
 
-def make_problem(checkpoint, seq_lens, query_lens, block_size, num_heads, num_kv_heads, head_dim,
-                 dtype=torch.float32, seed=0, spare_blocks=3):
+def make_problem(
+    checkpoint,
+    seq_lens,
+    query_lens,
+    block_size,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    dtype=torch.float32,
+    seed=0,
+    spare_blocks=3,
+):
     """Sequences of `seq_lens` tokens whose last `query_lens` are new, stored in shuffled, non-contiguous
     blocks of a pool. Returns (query, key_cache, value_cache, metadata, dense keys, dense values)."""
     gen = torch.Generator().manual_seed(seed)
@@ -27,7 +37,8 @@ def make_problem(checkpoint, seq_lens, query_lens, block_size, num_heads, num_kv
         dense_v.append(v)
     query = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen).to(dtype)
     metadata = checkpoint.attention_metadata.AttentionMetadata.build(
-        list(query_lens), list(seq_lens), tables, block_size, torch.device("cpu"))
+        list(query_lens), list(seq_lens), tables, block_size, torch.device("cpu")
+    )
     return query, key_cache, value_cache, metadata, dense_k, dense_v
 
 
@@ -41,7 +52,10 @@ def dense_attention(query, dense_k, dense_v, seq_lens, query_lens):
         positions = torch.arange(n - q_len, n)
         mask = torch.arange(n)[None, :] <= positions[:, None]  # [q_len, n]
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.float().repeat_interleave(group, 1).transpose(0, 1),
-            v.float().repeat_interleave(group, 1).transpose(0, 1), attn_mask=mask)
+            q.transpose(0, 1),
+            k.float().repeat_interleave(group, 1).transpose(0, 1),
+            v.float().repeat_interleave(group, 1).transpose(0, 1),
+            attn_mask=mask,
+        )
         outputs.append(out.transpose(0, 1))
     return torch.cat(outputs)

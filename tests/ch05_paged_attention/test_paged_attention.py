@@ -19,17 +19,20 @@ CASES = {
 def test_paged_equals_dense(checkpoint, case, block_size, num_heads, num_kv_heads):
     seq_lens, query_lens = CASES[case]
     query, key_cache, value_cache, metadata, dense_k, dense_v = make_problem(
-        checkpoint, seq_lens, query_lens, block_size, num_heads, num_kv_heads, head_dim=32)
+        checkpoint, seq_lens, query_lens, block_size, num_heads, num_kv_heads, head_dim=32
+    )
     out = checkpoint.paged_attention.paged_attention(query, key_cache, value_cache, metadata)
-    torch.testing.assert_close(out, dense_attention(query, dense_k, dense_v, seq_lens, query_lens),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, dense_attention(query, dense_k, dense_v, seq_lens, query_lens), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 def test_lengths_at_and_one_past_a_block_boundary(checkpoint, block_size):
     seq_lens = [block_size, block_size + 1, 2 * block_size, 2 * block_size + 1]
     query, key_cache, value_cache, metadata, dense_k, dense_v = make_problem(
-        checkpoint, seq_lens, [1] * 4, block_size, 4, 2, head_dim=16, seed=block_size)
+        checkpoint, seq_lens, [1] * 4, block_size, 4, 2, head_dim=16, seed=block_size
+    )
     out = checkpoint.paged_attention.paged_attention(query, key_cache, value_cache, metadata)
     torch.testing.assert_close(out, dense_attention(query, dense_k, dense_v, seq_lens, [1] * 4), atol=1e-5, rtol=1e-5)
 

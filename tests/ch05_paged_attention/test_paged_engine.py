@@ -61,8 +61,8 @@ def test_pool_size_from_a_memory_budget(checkpoint, tiny_model_dirs):
     assert llm.block_manager.num_total_blocks == 100
 
 
-def test_default_pool_is_capped_by_what_the_batch_can_use(checkpoint, tiny_model_dirs):
-    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=16, **batch_size_option(checkpoint, 4))
+def test_default_pool_is_capped_by_what_the_batch_can_use(checkpoint, checkpoint_info, tiny_model_dirs):
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=16, **batch_size_option(checkpoint_info, 4))
     assert llm.block_manager.num_total_blocks == 4 * (256 // 16)  # max_model_len 256
 
 

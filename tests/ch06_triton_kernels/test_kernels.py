@@ -14,6 +14,7 @@ import torch
 
 from tests.ch05_paged_attention.paged_data import make_problem
 
+pytestmark = pytest.mark.slow  # interpreted on a CPU: its checkpoint and the latest (all: --all-checkpoints)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 # The kernel and the reference each round their output to the dtype once; in fp16 that is up to one

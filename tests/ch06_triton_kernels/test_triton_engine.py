@@ -35,7 +35,7 @@ def count_kernel_calls(checkpoint, monkeypatch) -> dict[str, int]:
     return calls
 
 
-def test_triton_engine_gives_the_torch_engine_tokens(checkpoint, tiny_model_dirs, monkeypatch):
+def test_triton_engine_gives_the_torch_engine_tokens(checkpoint, checkpoint_info, tiny_model_dirs, monkeypatch):
     """Two requests at a time, finishing at different steps: later requests are prefilled beside
     sequences that decode (the prefill kernel), and pure decode steps use the decode kernel."""
     prompts = MIXED_PROMPTS[1:5]  # 3, 7, 20 and 33 tokens
@@ -44,7 +44,7 @@ def test_triton_engine_gives_the_torch_engine_tokens(checkpoint, tiny_model_dirs
     outputs = {}
     for backend in ("torch", "triton"):
         llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), device=DEVICE, dtype=torch.float32, block_size=4,
-                             attention_backend=backend, **batch_size_option(checkpoint, 2))
+                             attention_backend=backend, **batch_size_option(checkpoint_info, 2))
         assert attention_backend_of(llm).name == backend
         sampling = [checkpoint.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
         outputs[backend] = [o.token_ids for o in llm.generate(prompts, sampling, use_tqdm=False)]

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.repo
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "make_tags.py"
 CHAPTER_ENTRY = re.compile(r"ch(\d+)_")
+WORKLOAD_CHAPTER = re.compile(r"^CHAPTER = (\d+)\b", re.MULTILINE)
 
 
 def load_make_tags():
@@ -51,6 +52,15 @@ def declared_chapter(init_source: str) -> int:
 def chapter_numbers(names: str) -> set[int]:
     """The chapter numbers of the `chNN_*` names in a newline-separated listing."""
     return {int(m.group(1)) for name in names.splitlines() if (m := CHAPTER_ENTRY.match(Path(name).name))}
+
+
+def workload_chapters(clone: Path, treeish: str) -> dict[str, int]:
+    """Benchmark module name -> the chapter it declares, for the modules of `treeish` that declare one."""
+    found = {}
+    for name in git(clone, "ls-tree", "--name-only", treeish, "benchmarks/").splitlines():
+        if name.endswith(".py") and (match := WORKLOAD_CHAPTER.search(git(clone, "show", f"{treeish}:{name}"))):
+            found[name] = int(match.group(1))
+    return found
 
 
 def tags_of(latest: int) -> list[str]:
@@ -99,6 +109,8 @@ def test_each_tag_holds_its_checkpoint_and_only_earlier_chapters(tagged):
         else:
             expected = git(clone, "rev-parse", f"{head}:rosellm")
         assert git(clone, "rev-parse", f"{tag}:rosellm") == expected, tag
+        expected_workloads = {name: n for name, n in workload_chapters(clone, head).items() if n <= k}
+        assert workload_chapters(clone, tag) == expected_workloads, tag
 
 
 def test_rerunning_gives_the_same_tags(tmp_path):
@@ -114,22 +126,28 @@ def test_rerunning_gives_the_same_tags(tmp_path):
     assert targets() == first  # trees, and commits too: the script reuses HEAD's committer and date
 
 
-def test_ch01_checkout_imports_its_own_rosellm_and_passes_its_tests(tagged):
-    clone = tagged.path
-    git(clone, "checkout", "-q", "ch01")
+@pytest.mark.parametrize("tag", ["ch01", "ch03"])
+def test_at_a_tag_rosellm_is_its_checkpoint_and_the_fast_tests_pass(tagged, tag, tmp_path):
+    """`make test` without the model tests and the notebooks, in a worktree of the tag: no test, workload or
+    page of a later chapter is left behind to fail there."""
+    worktree = tmp_path / tag
+    git(tagged.path, "worktree", "add", "-q", "--detach", str(worktree), tag)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
 
     def python(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, *args], cwd=clone, capture_output=True, text=True, env=env)
+        return subprocess.run([sys.executable, *args], cwd=worktree, capture_output=True, text=True, env=env)
 
-    imported = python("-c", "import rosellm; print(rosellm.__file__)")
+    imported = python("-c", "import rosellm, chapters; print(rosellm.__file__, chapters.latest().name)")
     assert imported.returncode == 0, imported.stderr
-    assert Path(imported.stdout.strip()).resolve().is_relative_to(clone.resolve())
+    module_file, latest = imported.stdout.split()
+    assert Path(module_file).resolve().is_relative_to(worktree.resolve())
+    assert latest.startswith(f"{tag}_")
 
-    selection = ["-m", "not model and not repo", "tests/ch01_naive_decode", "-p", "no:cacheprovider"]
-    tests = python("-m", "pytest", "-q", "-x", *selection)
-    assert tests.returncode != 5, "no chapter-01 tests at ch01: are tests/ch01_naive_decode/test_*.py committed?"
+    tests = python("-m", "pytest", "-q", "-x", "-m", "not model and not repo", "-p", "no:cacheprovider", "tests")
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
+    assert f"tests/{tag}_" in python("-m", "pytest", "--collect-only", "-q", "tests").stdout
+    book = python("-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site"))
+    assert book.returncode == 0, book.stderr[-3000:]
 
 
 def test_refuses_outside_a_repository(tmp_path):
@@ -201,6 +219,9 @@ def test_is_removed_at_chapter_two_of_three():
         "docs/index.md",
         "mkdocs.yml",
     ]
-    assert all(is_removed(path, 2, 3) for path in removed)
-    assert not any(is_removed(path, 2, 3) for path in kept)
+    workloads = {"benchmarks/arrivals.py": 3, "benchmarks/decode_scaling.py": 2}
+    assert all(is_removed(path, 2, 3, workloads) for path in [*removed, "benchmarks/arrivals.py"])
+    assert not any(
+        is_removed(path, 2, 3, workloads) for path in [*kept, "benchmarks/decode_scaling.py", "benchmarks/harness.py"]
+    )
     assert not is_removed("rosellm/llm.py", 3, 3)

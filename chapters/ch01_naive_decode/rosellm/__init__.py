@@ -5,4 +5,5 @@ from .outputs import RequestOutput
 from .sampling import SamplingParams
 
 __chapter__ = "01_naive_decode"
+__capabilities__ = frozenset()
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -5,4 +5,7 @@ from .outputs import RequestOutput
 from .sampling import SamplingParams
 
 __chapter__ = "04_kv_block_manager"
+__capabilities__ = frozenset(
+    {"kv_cache", "contiguous_cache", "batched", "offline_scheduler", "padded_batch", "block_manager", "block_check"}
+)
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -68,17 +68,23 @@ class LLM:
         """Generate for one prompt, yielding text pieces as soon as they are complete characters.
         The generator's return value (`StopIteration.value`) is the finished `RequestOutput`.
         Closing it early (or an exception) drops the request."""
-        [(output, params)] = self._make_requests([prompt], sampling_params)
-        session = self._new_session(output, params)
+        session = self.add_request(prompt, sampling_params)
         try:
-            self.scheduler.add_request(session)
             while not session.finished:
                 for stepped, piece in self.scheduler.step():
                     if stepped is session and piece:
                         yield piece
         finally:
             self.scheduler.abort(session)
-        return output
+        return session.output
+
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> InferenceSession:
+        """Check one prompt and queue it on the scheduler; return its session (whose `.output` fills in as
+        `self.scheduler.step()` runs). For driving the scheduler step by step; `stream` uses it."""
+        [(output, params)] = self._make_requests([prompt], sampling_params)
+        session = self._new_session(output, params)
+        self.scheduler.add_request(session)
+        return session
 
     @torch.inference_mode()
     def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
