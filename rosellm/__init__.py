@@ -8,6 +8,6 @@ from .sampling import SamplingParams
 
 __chapter__ = "07_continuous_batching"
 __capabilities__ = frozenset(
-    {"kv_cache", "batched", "block_manager", "paged", "triton_kernels", "step_engine", "preemption"}
+    {"kv_cache", "batched", "block_manager", "paged", "triton_kernels", "step_engine", "preemption", "sequence_blocks"}
 )
 __all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

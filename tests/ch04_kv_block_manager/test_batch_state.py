@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-LAST_CHAPTER = 6  # chapter 07 builds the batch's tensors from its sequences instead
+pytestmark = pytest.mark.requires("batch_state")
 
 
 def make(checkpoint, max_batch_size=4, max_blocks=5, block_size=4):

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-LAST_CHAPTER = 6  # chapter 07 keeps block tables on the sequences (see its test_block_manager.py)
+pytestmark = pytest.mark.requires("batch_state")
 
 
 def test_allocate_until_the_pool_is_exhausted(checkpoint):

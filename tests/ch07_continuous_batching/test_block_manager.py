@@ -4,6 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.requires("sequence_blocks")
+
 
 def make_seq(checkpoint, request_id: str, num_tokens: int = 1):
     return checkpoint.sequence.Sequence(request_id, [3] * num_tokens, checkpoint.SamplingParams(), set(), 1000)

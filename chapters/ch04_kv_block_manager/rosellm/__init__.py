@@ -6,6 +6,15 @@ from .sampling import SamplingParams
 
 __chapter__ = "04_kv_block_manager"
 __capabilities__ = frozenset(
-    {"kv_cache", "contiguous_cache", "batched", "offline_scheduler", "padded_batch", "block_manager", "block_check"}
+    {
+        "kv_cache",
+        "contiguous_cache",
+        "batched",
+        "offline_scheduler",
+        "padded_batch",
+        "block_manager",
+        "batch_state",
+        "block_check",
+    }
 )
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -5,5 +5,5 @@ from .outputs import RequestOutput
 from .sampling import SamplingParams
 
 __chapter__ = "05_paged_attention"
-__capabilities__ = frozenset({"kv_cache", "batched", "offline_scheduler", "block_manager", "paged"})
+__capabilities__ = frozenset({"kv_cache", "batched", "offline_scheduler", "block_manager", "batch_state", "paged"})
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]
