@@ -10,6 +10,7 @@ import itertools
 import numbers
 
 import torch
+from torch.profiler import record_function
 
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
@@ -100,7 +101,8 @@ class LLMEngine:
         """Plan (schedule), run (forward and sample), commit (append tokens, finish requests).
         Returns the outputs of the requests that advanced (finished ones have `.finished`).
         If running or sampling raises, the plan is rolled back before the exception propagates."""
-        plan = self.scheduler.schedule()
+        with record_function("rosellm.schedule"):  # labels for torch.profiler (benchmarks/profile)
+            plan = self.scheduler.schedule()
         if not plan.scheduled:
             if self.scheduler.waiting and not plan.preempted:  # add_request's checks make this unreachable
                 raise RuntimeError(f"request {self.scheduler.waiting[0].request_id!r} can never be scheduled")
@@ -111,7 +113,8 @@ class LLMEngine:
         except BaseException:
             self.scheduler.rollback(plan)
             raise
-        return self._commit(plan, states, tokens)
+        with record_function("rosellm.commit"):
+            return self._commit(plan, states, tokens)
 
     def _run(self, plan: SchedulerOutput, states: list[RequestState]) -> list[int]:
         """Forward and sample; on failure, put back what they changed outside the bookkeeping: the blocks
@@ -121,9 +124,12 @@ class LLMEngine:
         generators = [state.generator for state in states]
         saved_streams = [(g, g.get_state()) for g in generators if g is not None]
         try:
-            hidden = self.model_runner.forward(plan)
-            logits = self.model_runner.last_token_logits(hidden, plan)  # [batch, vocab]
-            return sample_batch(logits, [seq.params for seq in plan.scheduled], generators)
+            with record_function("rosellm.forward"):
+                hidden = self.model_runner.forward(plan)
+            with record_function("rosellm.lm_head"):
+                logits = self.model_runner.last_token_logits(hidden, plan)  # [batch, vocab]
+            with record_function("rosellm.sample"):
+                return sample_batch(logits, [seq.params for seq in plan.scheduled], generators)
         except BaseException:
             if saved_blocks is not None:
                 self.model_runner.restore_blocks(reused, saved_blocks)
