@@ -36,6 +36,7 @@ CAPABILITIES = {
     "block_check": "checks at every step that the block tables agree with the real caches",
     "batch_state": "the running batch as tensor rows (`batch_state.BatchState`) beside block tables kept by sequence id",
     "sequence_blocks": "each `Sequence` holds its block table; the block manager grows and frees it",
+    "chunked_prefill": "prompts split over steps under the token budget (`enable_chunked_prefill`, on by default)",
     "paged": "one paged KV pool per layer, attention through block tables",
     "triton_kernels": "Triton kernels for GPU, chosen by `attention_backend`",
     "step_engine": "the step-level `LLMEngine` (add_request / step / abort_request), options named as vLLM's",

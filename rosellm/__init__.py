@@ -6,8 +6,18 @@ from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "07_continuous_batching"
+__chapter__ = "08_chunked_prefill"
 __capabilities__ = frozenset(
-    {"kv_cache", "batched", "block_manager", "paged", "triton_kernels", "step_engine", "preemption", "sequence_blocks"}
+    {
+        "kv_cache",
+        "batched",
+        "block_manager",
+        "paged",
+        "triton_kernels",
+        "step_engine",
+        "preemption",
+        "sequence_blocks",
+        "chunked_prefill",
+    }
 )
 __all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

@@ -60,9 +60,10 @@ class LLMEngine:
             num_kv_blocks = max(1, min(affordable, config.max_num_seqs * blocks_per_seq))
         self.block_manager = BlockManager(num_kv_blocks, config.block_size)
         self.model_runner.allocate_kv_pool(num_kv_blocks, config.block_size, self.max_model_len)
-        token_budget = config.max_num_batched_tokens or max(self.max_model_len, 2048)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, token_budget,
-                                   config.watermark_blocks(num_kv_blocks))
+        default_budget = 2048 if config.enable_chunked_prefill else max(self.max_model_len, 2048)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
+                                   config.max_num_batched_tokens or default_budget,
+                                   config.watermark_blocks(num_kv_blocks), config.enable_chunked_prefill)
         self.requests: dict[str, RequestState] = {}
         self._request_counter = itertools.count()
 
@@ -98,8 +99,9 @@ class LLMEngine:
     # --- one step -------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Plan (schedule), run (forward and sample), commit (append tokens, finish requests).
-        Returns the outputs of the requests that advanced (finished ones have `.finished`).
+        """Plan (schedule), run (forward and sample), commit (count computed tokens, append sampled ones,
+        finish requests). Returns the outputs of the requests that got a token (finished ones have
+        `.finished`); a request whose prompt chunk did not reach its end gets none this step.
         If running or sampling raises, the plan is rolled back before the exception propagates."""
         with record_function("rosellm.schedule"):  # labels for torch.profiler (benchmarks/profile)
             plan = self.scheduler.schedule()
@@ -107,7 +109,7 @@ class LLMEngine:
             if self.scheduler.waiting and not plan.preempted:  # add_request's checks make this unreachable
                 raise RuntimeError(f"request {self.scheduler.waiting[0].request_id!r} can never be scheduled")
             return []
-        states = [self.requests[seq.request_id] for seq in plan.scheduled]
+        states = [self.requests[seq.request_id] for seq, sample in zip(plan.scheduled, plan.samples) if sample]
         try:
             tokens = self._run(plan, states)
         except BaseException:
@@ -117,8 +119,9 @@ class LLMEngine:
             return self._commit(plan, states, tokens)
 
     def _run(self, plan: SchedulerOutput, states: list[RequestState]) -> list[int]:
-        """Forward and sample; on failure, put back what they changed outside the bookkeeping: the blocks
-        that preemption handed to other sequences (the forward overwrote them) and the random streams."""
+        """Forward and sample (one token per state: the rows that sample); on failure, put back what they
+        changed outside the bookkeeping: the blocks that preemption handed to other sequences (the forward
+        overwrote them) and the random streams."""
         reused = plan.reused_blocks
         saved_blocks = self.model_runner.save_blocks(reused) if reused else None
         generators = [state.generator for state in states]
@@ -127,9 +130,9 @@ class LLMEngine:
             with record_function("rosellm.forward"):
                 hidden = self.model_runner.forward(plan)
             with record_function("rosellm.lm_head"):
-                logits = self.model_runner.last_token_logits(hidden, plan)  # [batch, vocab]
+                logits = self.model_runner.sampling_logits(hidden, plan)  # [len(states), vocab]
             with record_function("rosellm.sample"):
-                return sample_batch(logits, [seq.params for seq in plan.scheduled], generators)
+                return sample_batch(logits, [state.seq.params for state in states], generators)
         except BaseException:
             if saved_blocks is not None:
                 self.model_runner.restore_blocks(reused, saved_blocks)
@@ -138,8 +141,11 @@ class LLMEngine:
             raise
 
     def _commit(self, plan: SchedulerOutput, states: list[RequestState], tokens: list[int]) -> list[RequestOutput]:
+        for seq, num_new in zip(plan.scheduled, plan.num_new_tokens):
+            seq.num_computed_tokens += num_new
         outputs = []
-        for seq, state, token in zip(plan.scheduled, states, tokens):
+        for state, token in zip(states, tokens):
+            seq = state.seq
             finish_reason = seq.append_token(token)
             state.text += state.detokenizer.add(token)
             if finish_reason is not None:
@@ -188,7 +194,8 @@ class LLMEngine:
 
     def _check_request(self, seq: Sequence) -> None:
         """Reject what could never run, even alone: after a preemption a request is prefilled again with
-        everything it generated, so its longest cached sequence must fit the pool and one step's budget."""
+        everything it generated, so its longest cached sequence must fit the pool (and, without chunked
+        prefill, one step's budget)."""
         name, token_ids = f"request {seq.request_id!r}", seq.prompt_token_ids
         if not token_ids:
             raise ValueError(f"{name}: the prompt is empty")
@@ -201,7 +208,7 @@ class LLMEngine:
         if not all(t < vocab for t in seq.params.stop_token_ids):
             raise ValueError(f"{name}: stop_token_ids has ids outside the vocabulary [0, {vocab})")
         budget = self.scheduler.max_num_batched_tokens
-        if seq.max_kv_tokens > budget:
+        if not self.scheduler.enable_chunked_prefill and seq.max_kv_tokens > budget:
             raise ValueError(f"{name}: prompt + max_tokens may need a prefill of {seq.max_kv_tokens} tokens, more "
                              f"than max_num_batched_tokens={budget} (one step's token budget)")
         needed = self.block_manager.blocks_needed(seq.max_kv_tokens)

@@ -51,10 +51,11 @@ class ModelRunner:
         return self.model(input_ids, metadata, self.kv_pool)
 
     @torch.inference_mode()
-    def last_token_logits(self, hidden: torch.Tensor, plan: SchedulerOutput) -> torch.Tensor:
-        """[num_tokens, hidden] -> logits [batch, vocab_size] of each sequence's last new token."""
+    def sampling_logits(self, hidden: torch.Tensor, plan: SchedulerOutput) -> torch.Tensor:
+        """[num_tokens, hidden] -> logits [rows that sample, vocab_size] at the last new token of each row
+        whose chunk reaches its sequence's end (a chunk in the middle of a prompt has nothing to sample)."""
         ends = torch.tensor(plan.num_new_tokens, device=hidden.device).cumsum(0) - 1
-        return self.model.compute_logits(hidden[ends])
+        return self.model.compute_logits(hidden[ends[torch.tensor(plan.samples, device=hidden.device)]])
 
     def save_blocks(self, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of some blocks' keys and values in every layer: [layers, len(block_ids), ...] each."""

@@ -1,5 +1,6 @@
-"""The continuous-batching scheduler: who runs in the next forward, under budgets of sequences, tokens
-and KV blocks. Plain bookkeeping over sequences and block ids; it never touches the model."""
+"""The scheduler with chunked prefill: how many new tokens each sequence runs in the next forward, under
+budgets of sequences, tokens and KV blocks. Plain bookkeeping over sequences and block ids; it never
+touches the model."""
 
 from collections import deque
 from dataclasses import dataclass, field
@@ -13,10 +14,15 @@ class SchedulerOutput:
     """The plan of one step: everything the forward needs, and what undoes it if the step fails."""
 
     scheduled: list[Sequence]  # the batch of the next forward, in row order
-    num_new_tokens: list[int]  # tokens each runs: its whole prompt (prefill) or 1 (decode)
+    num_new_tokens: list[int]  # tokens each runs, from its `num_computed_tokens` on: a chunk, or 1 (decode)
     num_prefills: int = 0  # sequences admitted this step
     preempted: list[Sequence] = field(default_factory=list)
     undo: "SchedulerState | None" = field(default=None, repr=False)
+
+    @property
+    def samples(self) -> list[bool]:
+        """Whether each row samples a token: only a chunk that reaches the sequence's end does."""
+        return [seq.num_computed_tokens + n == seq.num_tokens for seq, n in zip(self.scheduled, self.num_new_tokens)]
 
     @property
     def reused_blocks(self) -> list[int]:
@@ -37,23 +43,27 @@ class SchedulerState:
 
 
 class Scheduler:
-    """First come, first served, with preemption by recomputation.
+    """First come, first served, with chunked prefill and preemption by recomputation.
 
-    Each step, every running sequence first gets a KV slot for the token it decodes. When the pool has
-    no block for it, the most recently admitted running sequence is preempted: its blocks are freed and
-    it goes back to the front of the waiting queue, to be prefilled again later (prompt and generated
-    tokens alike). Then, if nothing was preempted, waiting sequences are admitted in order while there
-    is room: fewer than `max_num_seqs` running, their tokens within `max_num_batched_tokens` for this
-    step, and their blocks free beyond a watermark kept for the running sequences to grow into.
-    The engine accepts only requests that could run alone (prompt + max_tokens within the pool and the
-    token budget), so the head of the queue is always admitted once the running sequences are done.
+    Each step spends a budget of `max_num_batched_tokens` tokens, in this order:
+    1. every running sequence that decodes gets its one token;
+    2. running sequences part-way through their prompt get the next chunk of it, as much as the budget
+       has left;
+    3. waiting sequences are admitted in order while fewer than `max_num_seqs` run, each with as much of
+       its prompt as the budget has left, their blocks free beyond a watermark kept for the running
+       sequences to grow into. Nobody overtakes the head of the queue.
+    A sequence takes blocks for exactly the tokens it computes. When the pool has no block for a running
+    sequence, the most recently admitted running sequence is preempted: its blocks are freed and it goes
+    back to the front of the waiting queue, to be prefilled again later, in chunks like any prompt. No
+    one is admitted in a step that preempted. Without chunked prefill, a prompt must fit what the budget
+    has left whole, or it waits.
 
     `schedule` changes the bookkeeping at once (the forward needs real block ids) and records how to
     undo it: `rollback(plan)` puts everything back if the step fails.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 watermark_blocks: int = 0):
+                 watermark_blocks: int = 0, enable_chunked_prefill: bool = True):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -63,8 +73,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.watermark_blocks = watermark_blocks
+        self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in admission order: the batch's rows
+        self.running: list[Sequence] = []  # in admission order
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -74,24 +85,51 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         undo = self._save()
-        preempted = self._reserve_decode_slots()
-        budget = self.max_num_batched_tokens - len(self.running)
+        plan: dict[Sequence, int] = {}  # sequence -> new tokens, in row order
+        preempted = self._schedule_running(plan)
+        budget = self.max_num_batched_tokens - sum(plan.values())
         num_prefills = 0
-        while not preempted and self.waiting and len(self.running) < self.max_num_seqs:
+        while not preempted and self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            num_new = seq.num_tokens
-            if num_new > budget or not self._blocks_free_for(seq, num_new):
+            num_new = seq.num_uncomputed_tokens
+            if self.enable_chunked_prefill:
+                num_new = min(num_new, budget)
+            if num_new > budget or not self._blocks_free_for(seq, seq.num_computed_tokens + num_new):
                 break  # first come, first served: nobody overtakes the head of the queue
             undo.sequences[seq] = seq.save()
             self.waiting.popleft()
-            self.block_manager.grow(seq, num_new)
+            self.block_manager.grow(seq, seq.num_computed_tokens + num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            plan[seq] = num_new
             budget -= num_new
             num_prefills += 1
-        scheduled = list(self.running)
-        num_new_tokens = [seq.num_tokens - seq.num_computed_tokens for seq in scheduled]
-        return SchedulerOutput(scheduled, num_new_tokens, num_prefills, preempted, undo)
+        return SchedulerOutput(list(plan), list(plan.values()), num_prefills, preempted, undo)
+
+    def _schedule_running(self, plan: dict[Sequence, int]) -> list[Sequence]:
+        """Decodes first, then the next chunks of prompts part-way through; each gets blocks for its new
+        tokens, preempting the newest running sequences when the pool runs out."""
+        budget, preempted = self.max_num_batched_tokens, []
+        decoding = [seq for seq in self.running if seq.num_uncomputed_tokens == 1]
+        prefilling = [seq for seq in self.running if seq.num_uncomputed_tokens > 1]
+        for seq in decoding + prefilling:
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # already preempted to make room for an older sequence
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if num_new == 0:
+                break  # the budget is spent: the remaining chunks wait for the next step
+            while not self.block_manager.can_grow(seq, seq.num_computed_tokens + num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                budget += plan.pop(victim, 0)  # a victim scheduled earlier in this step gives its tokens back
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.RUNNING:
+                self.block_manager.grow(seq, seq.num_computed_tokens + num_new)
+                plan[seq] = num_new
+                budget -= num_new
+        return preempted
 
     def rollback(self, plan: SchedulerOutput) -> None:
         """Undo `plan`: the queues, every sequence and the allocator as they were before `schedule`."""
@@ -123,22 +161,6 @@ class Scheduler:
     def _save(self) -> SchedulerState:
         return SchedulerState(list(self.waiting), list(self.running), self.block_manager.allocator.save(),
                               {seq: seq.save() for seq in self.running})
-
-    def _reserve_decode_slots(self) -> list[Sequence]:
-        """A slot for every running sequence's next token, preempting the newest ones when blocks run out."""
-        preempted = []
-        for seq in list(self.running):
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # already preempted to make room for an older sequence
-            while not self.block_manager.can_grow(seq, seq.num_tokens):
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-            if seq.status is SequenceStatus.RUNNING:
-                self.block_manager.grow(seq, seq.num_tokens)
-        return preempted
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)

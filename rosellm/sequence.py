@@ -1,7 +1,8 @@
 """A request as the engine sees it: the one record of its state. No tensors, no model.
 
 Everything about a request that can change lives here, and only here: its tokens, how many of them are
-in the KV pool (`num_computed_tokens`), the blocks that hold them (`block_table`) and its status. The
+in the KV pool (`num_computed_tokens`: the one counter of its progress, through a prompt that may take
+several steps and then one token a step), the blocks that hold them (`block_table`) and its status. The
 block manager allocates and frees *for* a sequence, and the model runner reads the batch's tensors from
 the scheduled sequences; neither keeps a second copy that would have to be kept in step.
 """
@@ -53,10 +54,10 @@ class Sequence:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
-    def new_token_ids(self) -> list[int]:
-        """What the next forward must process: the prompt (prefill), the last token (decode), or
-        everything (prefill again after a preemption threw the cache away)."""
-        return self.token_ids[self.num_computed_tokens :]
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens not yet in the KV pool: the rest of the prompt (prefill), 1 (decode), or everything
+        (prefill again after a preemption threw the cache away)."""
+        return self.num_tokens - self.num_computed_tokens
 
     def save(self) -> SequenceState:
         return SequenceState(self.status, self.num_computed_tokens, tuple(self.block_table))
@@ -67,8 +68,7 @@ class Sequence:
         self.block_table = list(state.block_table)
 
     def append_token(self, token: int) -> str | None:
-        """Record a sampled token (the new ones are now computed); return a finish reason or None."""
-        self.num_computed_tokens = self.num_tokens
+        """Record a sampled token; return a finish reason or None."""
         self.output_token_ids.append(token)
         params = self.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):

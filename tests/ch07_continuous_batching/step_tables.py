@@ -23,11 +23,17 @@ def prompt_tokens(index: int, length: int) -> list[int]:
     return [(index * 37 + j * 11) % 300 + 3 for j in range(length)]
 
 
+def whole_prompts(checkpoint) -> dict:
+    """The options that keep chapter 07's scheduling: from chapter 08 on, chunked prefill turned off (a
+    prompt must fit what a step's token budget has left, or wait)."""
+    return {"enable_chunked_prefill": False} if "chunked_prefill" in checkpoint.__capabilities__ else {}
+
+
 def make_engine(checkpoint, model_dir, scenario: Scenario):
     return checkpoint.LLMEngine(
         str(model_dir), max_num_seqs=scenario.max_num_seqs, block_size=scenario.block_size,
         num_kv_blocks=scenario.num_kv_blocks, max_num_batched_tokens=scenario.max_num_batched_tokens,
-        watermark=0.0,
+        watermark=0.0, **whole_prompts(checkpoint),
     )
 
 

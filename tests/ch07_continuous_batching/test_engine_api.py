@@ -2,13 +2,14 @@
 
 import pytest
 
+from tests.ch07_continuous_batching.step_tables import whole_prompts
 from tests.oracle import hf_greedy
 
 
 @pytest.fixture
 def engine(checkpoint, tiny_model_dirs):
     return checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), max_num_seqs=4, block_size=4, num_kv_blocks=40,
-                                max_num_batched_tokens=64)
+                                max_num_batched_tokens=64, **whole_prompts(checkpoint))
 
 
 def drain(engine) -> dict:
