@@ -182,7 +182,7 @@ class StepProfile:
     gemm         the decoder's nn.Linear layers (q, k, v, o, gate, up, down projections)
     attention    the attention backend: store_kv + paged_attention (gather through block tables, SDPA)
     other_model  the rest of the forward: embedding, RMSNorm, rotary, SwiGLU's activation, residuals
-    lm_head      LLM head on each sequence's last token (ModelRunner.last_token_logits)
+    lm_head      LLM head on each sequence's last token (ModelRunner.sampling_logits)
     sampling     the sampler (one argmax over all the greedy rows)
     python_rest  the rest of step(): per-row bookkeeping, detokenization, outputs, Python overhead
     """
@@ -200,7 +200,7 @@ class StepProfile:
         scheduler, inference = engine.scheduler, engine.model_runner
         scheduler.schedule = self._timed(scheduler.schedule, "scheduling")
         scheduler.finish = self._timed(scheduler.finish, "scheduling")
-        inference.last_token_logits = self._timed(inference.last_token_logits, "lm_head")
+        inference.sampling_logits = self._timed(inference.sampling_logits, "lm_head")
         engine_module.sample_batch = self._timed(engine_module.sample_batch, "sampling")
         build = metadata_module.AttentionMetadata.build
         metadata_module.AttentionMetadata.build = staticmethod(self._timed(build, "metadata"))
