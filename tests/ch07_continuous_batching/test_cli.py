@@ -13,7 +13,7 @@ import rosellm
 from rosellm import __main__ as cli
 from rosellm import loader
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def never_load(*args, **kwargs):
