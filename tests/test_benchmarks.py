@@ -197,6 +197,7 @@ def fake_peer(tmp_path: Path, name: str, source: str):
     return peers.Peer(name, f"{name} peer", script, python=Path(sys.executable))
 
 
+@pytest.mark.workload("offline-cpu")  # the peers are rows of its table
 def test_peers_are_checked_before_they_are_timed_and_rendered_with_their_ratio(tiny_gqa, tmp_path):
     from benchmarks import harness, offline_cpu, peers
 
