@@ -68,7 +68,6 @@ def run(args) -> dict:
 def measure(args, s: dict) -> dict:
     machine = harness.describe_machine("cpu", args.threads)
     before = harness.measure_rates(args.quick)
-    harness.print_machine(machine, before)
     config = harness.model_config(args.model)
     params = harness.parameter_counts(config)
     requests = harness.random_requests(

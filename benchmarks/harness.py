@@ -112,15 +112,9 @@ def parameter_counts(config) -> dict:
     layer = attention + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
     non_embedding = c.num_hidden_layers * layer + c.hidden_size  # + the final norm
     lm_head = c.vocab_size * c.hidden_size
-    return {
-        "non_embedding": non_embedding,
-        "embedding": lm_head,
-        "lm_head": lm_head,
-        "lm_head_tied_to_embedding": bool(c.tie_word_embeddings),
-        "roofline": non_embedding + lm_head,
-        "roofline_means": "non-embedding weights + LM head (the embedding is a lookup; a tied LM head counts "
-        "once, as the LM head)",
-    }
+    means = "non-embedding weights + LM head (the embedding is a lookup; a tied LM head counts once, as the LM head)"
+    out = dict(non_embedding=non_embedding, embedding=lm_head, lm_head=lm_head, roofline=non_embedding + lm_head)
+    return out | dict(lm_head_tied_to_embedding=bool(c.tie_word_embeddings), roofline_means=means)
 
 
 # --- the machine -----------------------------------------------------------------------------------------
@@ -161,33 +155,14 @@ def describe_machine(device: str = "cpu", threads: int | None = None) -> dict:
 
     if threads:
         torch.set_num_threads(threads)
-    cpu = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            platform.processor(),
-        )
-        if Path("/proc/cpuinfo").is_file()
-        else "?"
-    )
-    info = {
-        "cpu": cpu,
-        "cpu_cores": os.cpu_count(),
-        "cpu_cores_usable": len(os.sched_getaffinity(0)),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "device": device,
-        "load_average_1min": round(os.getloadavg()[0], 2),
-        "cuda_available": torch.cuda.is_available(),
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
+    models = [
+        line.split(":")[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line
+    ]
+    info = dict(cpu=(models or [platform.processor()])[0], cpu_cores=os.cpu_count(), device=device)
+    info |= dict(cpu_cores_usable=len(os.sched_getaffinity(0)), platform=platform.platform(), torch=torch.__version__)
+    info |= dict(python=platform.python_version(), torch_threads=torch.get_num_threads())
+    info |= dict(load_average_1min=round(os.getloadavg()[0], 2), cuda_available=torch.cuda.is_available())
+    return info | ({"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {})
 
 
 def best_seconds(fn, repeats: int, device: str) -> tuple[float, float]:
@@ -222,49 +197,19 @@ def measure_rates(
         gemm = best_seconds(lambda: torch.mm(a, a, out=out), repeats, device)
         copy = best_seconds(lambda: dst.copy_(src), repeats, device)
     flop, moved = 2.0 * n**3, 2.0 * src.numel() * 4
-    return {
-        "gemm": {
-            "n": n,
-            "dtype": dtype,
-            "repeats": repeats,
-            "flops_best": flop / gemm[0],
-            "flops_median": flop / gemm[1],
-        },
-        "bandwidth": {
-            "mib": mib,
-            "repeats": repeats,
-            "bytes_per_s_best": moved / copy[0],
-            "bytes_per_s_median": moved / copy[1],
-        },
-        "other_processes_cpu_share": other.share,
-        "at": time.strftime("%H:%M:%S"),
-    }
+    gemm = dict(n=n, dtype=dtype, repeats=repeats, flops_best=flop / gemm[0], flops_median=flop / gemm[1])
+    copy = dict(mib=mib, repeats=repeats, bytes_per_s_best=moved / copy[0], bytes_per_s_median=moved / copy[1])
+    return dict(gemm=gemm, bandwidth=copy, other_processes_cpu_share=other.share, at=time.strftime("%H:%M:%S"))
 
 
 def rooflines(rates: list[dict], params: dict, bytes_per_weight: int = 4) -> dict:
     """The rooflines from the best of the rates measured before and after the engines."""
     gemm = max(r["gemm"]["flops_best"] for r in rates)
     bandwidth = max(r["bandwidth"]["bytes_per_s_best"] for r in rates)
-    weight_bytes = params["roofline"] * bytes_per_weight
-    return {
-        "gemm_flops": gemm,
-        "bandwidth_bytes_per_s": bandwidth,
-        "flop_per_token": 2 * params["roofline"],
-        "weight_bytes": weight_bytes,
-        "compute_tokens_per_s": gemm / (2 * params["roofline"]),
-        "bandwidth_tokens_per_s": bandwidth / weight_bytes,
-        "measurements": rates,
-    }
-
-
-def print_machine(machine: dict, rates: dict) -> None:
-    print(
-        f"machine: {machine['cpu']}, {machine['cpu_cores']} cores, torch {machine['torch']} with "
-        f"{machine['torch_threads']} threads; {rates['gemm']['dtype']} GEMM "
-        f"{rates['gemm']['flops_best'] / 1e9:.1f} GFLOP/s, copy {rates['bandwidth']['bytes_per_s_best'] / 1e9:.1f} "
-        f"GB/s",
-        flush=True,
-    )
+    weight, flop = params["roofline"] * bytes_per_weight, 2 * params["roofline"]
+    out = dict(gemm_flops=gemm, bandwidth_bytes_per_s=bandwidth, flop_per_token=flop, weight_bytes=weight)
+    out |= dict(compute_tokens_per_s=gemm / flop, bandwidth_tokens_per_s=bandwidth / weight)
+    return out | {"measurements": rates}
 
 
 # --- one engine in a process of its own --------------------------------------------------------------------
@@ -305,12 +250,9 @@ def check_against(reference: dict, tokens: list | dict) -> dict:
         if got != expected:
             where = next((k for k, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
             mismatches.append({"request": int(key), "first_difference_at": where})
-    return {
-        "requests": len(reference),
-        "tokens_each": max((len(v) for v in reference.values()), default=0),
-        "passed": bool(reference) and not mismatches,
-        "mismatches": mismatches,
-    }
+    tokens_each = max((len(v) for v in reference.values()), default=0)
+    passed = bool(reference) and not mismatches
+    return dict(requests=len(reference), tokens_each=tokens_each, passed=passed, mismatches=mismatches)
 
 
 # --- statistics and output -----------------------------------------------------------------------------

@@ -11,7 +11,6 @@ The engines and the report are offline-cpu's. Without a CUDA device it says so a
 
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from . import harness, offline_cpu
@@ -54,6 +53,7 @@ SHAPE = {
 def add_arguments(parser) -> None:
     harness.add_arguments(parser, FULL)
     parser.add_argument("--engines", default=",".join(offline_cpu.ENGINES))
+    parser.add_argument("--peers", default="", help="none on a GPU yet")
 
 
 def write_random_model(folder: Path, shape: dict) -> str:
@@ -84,30 +84,23 @@ def run(args) -> dict | None:
         )
         return None
     s = harness.settings(args, FULL, QUICK)
-    json_path, figure_path = harness.output_paths(args, "offline_gpu")
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rosellm-gpu-model-") as tmp, harness.OtherLoad() as other:
-        if args.model is None:
-            shape = SHAPE | ({"num_hidden_layers": 2, "vocab_size": 4096} if args.quick else {})
-            args.model = write_random_model(Path(tmp), shape)
-        result = offline_cpu.measure(
+    random = args.model is None
+    with tempfile.TemporaryDirectory(prefix="rosellm-gpu-model-") as tmp:
+        if random:
+            args.model = write_random_model(
+                Path(tmp), SHAPE | ({"num_hidden_layers": 2, "vocab_size": 4096} if args.quick else {})
+            )
+        rates = lambda: harness.measure_rates(args.quick, "cuda", "bfloat16", 2048 if args.quick else 8192, 1024)  # noqa: E731
+        name = lambda r: r | ({"model": "random Llama with Qwen3-0.6B's shape (bf16)"} if random else {})  # noqa: E731
+        return offline_cpu.run_workload(
             args,
             s,
-            args.engines.split(","),
-            [],
-            "cuda",
-            "bfloat16",
-            workload=NAME,
-            rates=(lambda: harness.measure_rates(args.quick, "cuda", "bfloat16", 2048 if args.quick else 8192, 1024)),
+            NAME,
+            "offline_gpu",
+            offline_cpu.plot,
+            offline_cpu.report,
+            name,
+            device="cuda",
+            dtype="bfloat16",
+            rates=rates,
         )
-    result["model"] = "random Llama with Qwen3-0.6B's shape (bf16)"
-    return harness.finish(
-        result,
-        other,
-        started,
-        json_path,
-        [figure_path],
-        lambda r: offline_cpu.plot(r, figure_path, None),
-        offline_cpu.report,
-        "rosellm's first greedy tokens differ from transformers'",
-    )
