@@ -27,19 +27,14 @@ class PeakMemory:
 
     def __enter__(self):
         try:
-            Path("/proc/self/clear_refs").write_text("5")
-            self.reset = True
-        except OSError:
+            self.reset = Path("/proc/self/clear_refs").write_text("5") > 0
+        except OSError:  # not Linux, or not allowed: no peak
             self.reset = False
         return self
 
     def __exit__(self, *exc):
-        status = Path("/proc/self/status").read_text().splitlines()
-        self.peak = (
-            next((round(int(line.split()[1]) / 1024, 1) for line in status if line.startswith("VmHWM:")), None)
-            if self.reset
-            else None
-        )
+        status = Path("/proc/self/status").read_text() if self.reset else ""
+        self.peak = round(int(status.split("VmHWM:")[1].split()[0]) / 1024, 1) if self.reset else None
 
     def as_dict(self) -> dict:
         return {"peak_rss_run_mib": self.peak, "peak_is_of_run": self.reset}
@@ -119,15 +114,9 @@ def decode_sweep(engine, batch_sizes: list[int], prompt_len: int, steps: int, vo
         elapsed = time.perf_counter() - start
         for request_id in ids:
             engine.abort_request(request_id)
-        points.append(
-            {
-                "batch_size": b,
-                "decode_steps": steps,
-                "tokens": produced,
-                "seconds": round(elapsed, 4),
-                "tokens_per_s": round(produced / elapsed, 2),
-            }
-        )
+        tokens_per_s = round(produced / elapsed, 2)
+        points.append(dict(batch_size=b, decode_steps=steps, tokens=produced, seconds=round(elapsed, 4)))
+        points[-1]["tokens_per_s"] = tokens_per_s
     return points
 
 
@@ -155,30 +144,19 @@ def profile_run(engine, requests: list) -> dict:
             kind = "gemm" if name in GEMM else "attention" if any(a in name for a in ATTENTION) else None
             if kind:
                 seconds[kind] += event.cpu_time_total / 1e6
-    parts = {
-        "gemm": seconds["gemm"],
-        "attention": seconds["attention"],
-        "other_model": seconds["forward"] - seconds["gemm"] - seconds["attention"],
-        **{key: seconds[key] for key in ("lm_head", "schedule", "sample", "commit")},
-        "python_rest": total - sum(seconds[key] for key in PHASES),
-    }
-    return {
-        "steps": run["steps"],
-        "step_total_s": round(total, 3),
-        "wall_s": round(run["wall_s"], 2),
-        "tokens": sum(len(t) for t in run["tokens"]),
-        "requests": len(requests),
-        "parts": [
-            {
-                "part": key,
-                "seconds": round(value, 3),
-                "share": round(value / total, 4),
-                "ms_per_step": round(1000 * value / run["steps"], 3),
-            }
-            for key, value in parts.items()
-        ],
-        "legend": profile_run.__doc__,
-    }
+    forward = seconds["forward"] - seconds["gemm"] - seconds["attention"]
+    parts = {key: seconds[key] for key in ("gemm", "attention")} | {"other_model": forward}
+    parts |= {key: seconds[key] for key in ("lm_head", "schedule", "sample", "commit")}
+    parts["python_rest"] = total - sum(seconds[key] for key in PHASES)
+    steps = run["steps"]
+    rows = [
+        dict(
+            part=key, seconds=round(value, 3), share=round(value / total, 4), ms_per_step=round(1000 * value / steps, 3)
+        )
+        for key, value in parts.items()
+    ]
+    out = dict(steps=steps, step_total_s=round(total, 3), wall_s=round(run["wall_s"], 2), requests=len(requests))
+    return out | dict(tokens=sum(len(t) for t in run["tokens"]), parts=rows, legend=profile_run.__doc__)
 
 
 def task_rosellm(spec: dict) -> dict:
@@ -257,12 +235,8 @@ def hf_generate_batch(hf, prompts: list[list[int]], max_new_tokens: int) -> tupl
 def task_hf_generate(spec: dict) -> dict:
     hf, load_s = load_timed(lambda: load_hf(spec))
     requests, size = spec["requests"], spec["batch_size"]
-    result = {
-        "engine": "transformers generate",
-        "load_s": load_s,
-        "batch_size": size,
-        "attn_implementation": hf.config._attn_implementation,
-    }
+    result = dict(engine="transformers generate", load_s=load_s, batch_size=size)
+    result["attn_implementation"] = hf.config._attn_implementation
     result["reference"] = {
         str(i): hf_generate_batch(hf, [requests[i][0]], min(spec["reference_tokens"], requests[i][1]))[0][0]
         for i in spec.get("reference_sample", [])
