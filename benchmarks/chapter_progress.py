@@ -49,137 +49,79 @@ def checkpoint_options(point: chapters.Checkpoint, batch: int) -> dict:
 
 def run(args) -> dict:
     s = harness.settings(args, FULL, QUICK)
-    json_path, figure_path = harness.output_paths(args, "chapters", "throughput_per_chapter")
+    json_path, figure = harness.output_paths(args, "chapters", "throughput_per_chapter")
     started = time.perf_counter()
     with harness.OtherLoad() as other:
         result = measure(args, s)
-    return harness.finish(
-        result,
-        other,
-        started,
-        json_path,
-        [figure_path],
-        lambda r: plot(r, figure_path),
-        report,
-        "a checkpoint's greedy tokens differ from transformers'",
-    )
+    wrong = "a checkpoint's greedy tokens differ from transformers'"
+    return harness.finish(result, other, started, json_path, [figure], lambda r: plot(r, figure), report, wrong)
 
 
 def measure(args, s: dict) -> dict:
-    machine = harness.describe_machine("cpu", args.threads)
-    before = harness.measure_rates(args.quick)
+    machine, before = harness.describe_machine("cpu", args.threads), harness.measure_rates(args.quick)
     config = harness.model_config(args.model)
     params = harness.parameter_counts(config)
-    requests = harness.random_requests(
-        s["requests"], s["prompt_len"], [s["max_tokens"]] * 2, config.vocab_size, s["seed"]
-    )
+    lengths = [s["max_tokens"]] * 2
+    requests = harness.random_requests(s["requests"], s["prompt_len"], lengths, config.vocab_size, s["seed"])
     warmup = harness.random_requests(1, [8, 8], [2, 2], config.vocab_size, s["seed"] + 1000)
     wanted = {int(c) for c in args.only.split(",")} if args.only else None
-    chosen = [point for point in chapters.checkpoints() if wanted is None or point.number in wanted]
-    common = {"model": args.model, "threads": args.threads, "requests": requests, "warmup": warmup}
-    reference = harness.run_engine(
-        "hf-generate",
-        common
-        | {
-            "reference_only": True,
-            "batch_size": 1,
-            "reference_tokens": s["check_tokens"],
-            "reference_sample": list(range(min(s["check_requests"], len(requests)))),
-        },
-        "transformers reference",
-    ).get("reference", {})
+    common = dict(model=args.model, threads=args.threads, requests=requests, warmup=warmup)
+    sample = list(range(min(s["check_requests"], len(requests))))
+    oracle = dict(reference_only=True, batch_size=1, reference_tokens=s["check_tokens"], reference_sample=sample)
+    reference = harness.run_engine("hf-generate", common | oracle, "transformers reference").get("reference", {})
     rows, tokens = [], {}
-    for point in chosen:
-        options = checkpoint_options(point, s["batch"])
-        r = harness.run_engine(
-            "checkpoint",
-            common | {"checkpoint": point.module, "options": options},
-            f"chapter {point.number:02d} ({point.module}) {options or ''}",
-        )
-        row = {
-            "chapter": point.number,
-            "checkpoint": point.module,
-            "options": options,
-            "other_processes_cpu_share": r.get("other_processes_cpu_share"),
-        }
-        if "error" in r:
-            rows.append(row | {"error": r["error"]})
+    for point in chapters.checkpoints():
+        if wanted and point.number not in wanted:
             continue
-        tokens[point.number] = r["tokens"]
-        useful = sum(min(len(t), s["max_tokens"]) for t in r["tokens"])
-        rows.append(
-            row
-            | {
-                "slug": r["chapter"],
-                "wall_s": round(r["wall_s"], 2),
-                "output_tokens": useful,
-                "output_tokens_per_s": round(useful / r["wall_s"], 2),
-                "load_s": r["load_s"],
-                "peak_rss_run_mib": r["memory"]["peak_rss_run_mib"],
-                "memory": r["memory"],
-                "check": harness.check_against(reference, r["tokens"]),
-            }
-        )
+        options = checkpoint_options(point, s["batch"])
+        label = f"chapter {point.number:02d} ({point.module}) {options or ''}"
+        r = harness.run_engine("checkpoint", common | {"checkpoint": point.module, "options": options}, label)
+        row = dict(chapter=point.number, checkpoint=point.module, options=options, error=r.get("error"))
+        row["other_processes_cpu_share"] = r.get("other_processes_cpu_share")
+        if "error" not in r:
+            tokens[point.number], useful = r["tokens"], sum(min(len(t), s["max_tokens"]) for t in r["tokens"])
+            row |= dict(slug=r["chapter"], wall_s=round(r["wall_s"], 2), output_tokens=useful, load_s=r["load_s"])
+            row |= dict(output_tokens_per_s=round(useful / r["wall_s"], 2), memory=r["memory"])
+            row |= dict(
+                peak_rss_run_mib=r["memory"]["peak_rss_run_mib"], check=harness.check_against(reference, r["tokens"])
+            )
+        rows.append({key: value for key, value in row.items() if key != "error" or value})
     roof = harness.rooflines([before, harness.measure_rates(args.quick)], params)
     done = [row for row in rows if "error" not in row]
     for row in done:
         row["share_of_roofline_output"] = round(row["output_tokens_per_s"] / roof["compute_tokens_per_s"], 4)
         row["identical_to_latest"] = tokens[row["chapter"]] == tokens[max(tokens)]
         row["speedup_vs_first"] = round(row["output_tokens_per_s"] / done[0]["output_tokens_per_s"], 2)
-    return harness.stamp(NAME, args, machine, s | {"greedy": True, "ignore_eos": True, "threads": args.threads}) | {
-        "dtype": "float32",
-        "parameters": params,
-        "roofline": roof,
-        "chapters": rows,
-        "correct": bool(rows) and all(row.get("check", {}).get("passed") for row in rows),
-        "notes": [
-            "tokens/s = all output tokens / wall time of one LLM.generate over all requests (model loaded and "
-            "warmed up before); chapters 01-02 serve one request at a time, 03-07 batch up to `batch`.",
-            "share_of_roofline_output: output tokens/s / (GEMM rate / (2 x (non-embedding weights + LM head))).",
-        ],
-    }
+    notes = [
+        "tokens/s = all output tokens / wall time of one LLM.generate over all requests (model loaded and "
+        "warmed up before); chapters 01-02 serve one request at a time, 03-07 batch up to `batch`."
+    ]
+    correct = bool(rows) and all(row.get("check", {}).get("passed") for row in rows)
+    head = harness.stamp(NAME, args, machine, s | {"greedy": True, "ignore_eos": True, "threads": args.threads})
+    return head | dict(dtype="float32", parameters=params, roofline=roof, chapters=rows, correct=correct, notes=notes)
 
 
 def report(result: dict) -> None:
-    rows = [
-        {
-            "ch": f"ch{r['chapter']:02d} {r.get('slug', '')[3:]}",
-            "tps": r.get("output_tokens_per_s", r.get("error")),
-            "x": r.get("speedup_vs_first"),
-            "wall": r.get("wall_s"),
-            "share": r.get("share_of_roofline_output"),
-            "check": "ok" if r.get("check", {}).get("passed") and r.get("identical_to_latest") else "FAILED",
-        }
-        for r in result["chapters"]
+    columns = [
+        ("checkpoint", "checkpoint"),
+        ("output_tokens_per_s", "output tok/s"),
+        ("speedup_vs_first", "x ch01"),
+        ("share_of_roofline_output", "roofline share"),
+        ("identical_to_latest", "= latest"),
+        ("error", "error"),
     ]
-    print()
-    harness.print_table(
-        rows,
-        [
-            ("ch", "chapter"),
-            ("tps", "output tok/s"),
-            ("x", "x ch01"),
-            ("wall", "seconds"),
-            ("share", "roofline share"),
-            ("check", "check"),
-        ],
-    )
+    harness.print_table(result["chapters"], columns)
 
 
 def plot(result: dict, path) -> None:
     rows = [r for r in result["chapters"] if "error" not in r]
     fig, ((ax,),) = harness.figure_axes(1, 1, (9, 4))
-    bars = ax.bar(
-        [f"ch{r['chapter']:02d}\n{r['slug'][3:].replace('_', ' ')}" for r in rows],
-        [r["output_tokens_per_s"] for r in rows],
-        color="tab:red",
-    )
+    names = [f"ch{r['chapter']:02d}\n{r['slug'][3:].replace('_', ' ')}" for r in rows]
+    bars = ax.bar(names, [r["output_tokens_per_s"] for r in rows], color="tab:red")
     ax.bar_label(bars, [f"{r['output_tokens_per_s']:.0f}" for r in rows], fontsize=8)
     ax.set_yscale("log")
     s = result["settings"]
-    ax.set(
-        ylabel="output tokens/s (log scale)",
-        title=f"throughput per chapter: {s['requests']} requests x {s['max_tokens']} tokens, batch {s['batch']}",
-    )
+    title = f"throughput per chapter: {s['requests']} requests x {s['max_tokens']} tokens, batch {s['batch']}"
+    ax.set(ylabel="output tokens/s (log scale)", title=title)
     ax.tick_params(axis="x", labelsize=8)
     harness.save_figure(fig, path, harness.caption(result))

@@ -30,33 +30,13 @@ NAME = "paged-vs-padded"
 HELP = "chapter 05's paged KV pool vs chapter 03's padded caches: KV memory use, throughput, requests per budget"
 CHAPTER = 5
 
-FULL = {
-    "max_model_len": 1024,
-    "block_size": 16,
-    "mixed_prompts": 16,
-    "mixed_lengths": [16, 512],
-    "mixed_max_tokens": 64,
-    "batches": [8, 32],
-    "throughput_requests": 32,
-    "throughput_lengths": [16, 128],
-    "throughput_max_tokens": [8, 32],
-    "repeats": 2,
-    "budget_mib": 256,
-    "seed": 0,
-}
-QUICK = {
-    "max_model_len": 256,
-    "block_size": 4,
-    "mixed_prompts": 3,
-    "mixed_lengths": [4, 24],
-    "mixed_max_tokens": 4,
-    "batches": [2],
-    "throughput_requests": 3,
-    "throughput_lengths": [4, 16],
-    "throughput_max_tokens": [2, 4],
-    "repeats": 1,
-    "budget_mib": 1,
-}
+FULL = {"max_model_len": 1024, "block_size": 16, "seed": 0, "budget_mib": 256}
+FULL |= {"mixed_prompts": 16, "mixed_lengths": [16, 512], "mixed_max_tokens": 64}  # (a), and (c)'s requests
+FULL |= {"batches": [8, 32], "throughput_requests": 32, "throughput_lengths": [16, 128], "repeats": 2}  # (b)
+FULL |= {"throughput_max_tokens": [8, 32]}
+QUICK = {"max_model_len": 256, "block_size": 4, "budget_mib": 1, "mixed_prompts": 3, "mixed_lengths": [4, 24]}
+QUICK |= {"mixed_max_tokens": 4, "batches": [2], "throughput_requests": 3, "throughput_lengths": [4, 16]}
+QUICK |= {"throughput_max_tokens": [2, 4], "repeats": 1}
 
 
 def add_arguments(parser) -> None:
@@ -89,99 +69,86 @@ def kv_use(stepper, requests: list, block_size: int) -> tuple[list[dict], dict]:
         stored = [len(requests[int(k)][0]) + len(t) - 1 for k, t, _ in advanced]  # the newest is not stored yet
         tokens.update({k: t for k, t, _ in advanced})
         if advanced and not any(done for *_, done in advanced):
-            steps.append(
-                {
-                    "live": sum(stored),
-                    "padded": len(stored) * max(stored),
-                    "contiguous": sum(len(requests[int(k)][0]) + requests[int(k)][1] - 1 for k, *_ in advanced),
-                    "gathered": len(stored) * -(-max(stored) // block_size) * block_size,
-                    **({"pool": (manager.num_total_blocks - manager.num_free_blocks) * block_size} if manager else {}),
-                }
-            )
+            reserved = sum(len(requests[int(k)][0]) + requests[int(k)][1] - 1 for k, *_ in advanced)
+            gathered = len(stored) * -(-max(stored) // block_size) * block_size
+            step = dict(live=sum(stored), padded=len(stored) * max(stored), contiguous=reserved, gathered=gathered)
+            if manager:
+                step["pool"] = (manager.num_total_blocks - manager.num_free_blocks) * block_size
+            steps.append(step)
     return steps, tokens
 
 
 def measure(args, s: dict) -> dict:
     ch03, ch05 = chapters.checkpoint(3).load(), chapters.checkpoint(5).load()
-    common = {"model": args.model, "max_model_len": s["max_model_len"]}
 
     def make(module, batch, **extra):
         paged = {"block_size": s["block_size"]} if module is ch05 else {}
-        return module.LLM(**common, max_batch_size=batch, **paged, **extra)
+        return module.LLM(args.model, max_model_len=s["max_model_len"], max_batch_size=batch, **paged, **extra)
 
     vocab = make(ch05, 1).tokenizer.vocab_size
-    mixed = harness.random_requests(
-        s["mixed_prompts"], s["mixed_lengths"], [s["mixed_max_tokens"]] * 2, vocab, s["seed"]
-    )
+    lengths = [s["mixed_max_tokens"]] * 2
+    mixed = harness.random_requests(s["mixed_prompts"], s["mixed_lengths"], lengths, vocab, s["seed"])
     print(f"(a) KV memory use: {len(mixed)} prompts, {s['mixed_max_tokens']} tokens each", flush=True)
     steps03, tokens03 = kv_use(OfflineStepper(ch03, make(ch03, len(mixed))), mixed, s["block_size"])
     steps05, tokens05 = kv_use(OfflineStepper(ch05, make(ch05, len(mixed))), mixed, s["block_size"])
-    kv = {
-        "prompts": len(mixed),
-        "prompt_lens": [len(p) for p, _ in mixed],
-        "max_tokens": s["mixed_max_tokens"],
-        "ch03": {
-            "steps": len(steps03),
-            "padded_merged_cache": share(steps03, "padded"),
-            "contiguous_caches": share(steps03, "contiguous"),
-        },
-        "ch05": {
-            "steps": len(steps05),
-            "block_size": s["block_size"],
-            "pool_blocks_in_use": share(steps05, "pool"),
-            "reference_attention_gather": share(steps05, "gathered"),
-        },
-        "same_tokens": f"{sum(tokens03[k] == tokens05[k] for k in tokens03)}/{len(mixed)}",
-    }
-
-    throughput = harness.random_requests(
-        s["throughput_requests"], s["throughput_lengths"], s["throughput_max_tokens"], vocab, s["seed"] + 1
-    )
-    prompts, max_tokens = [p for p, _ in throughput], [m for _, m in throughput]
-    print(f"(b) throughput: {len(prompts)} requests, best of {s['repeats']}", flush=True)
-    engines = {
+    kv = dict(prompts=len(mixed), prompt_lens=[len(p) for p, _ in mixed], max_tokens=s["mixed_max_tokens"])
+    kv["ch03"] = dict(steps=len(steps03), padded_merged_cache=share(steps03, "padded"))
+    kv["ch03"]["contiguous_caches"] = share(steps03, "contiguous")
+    kv["ch05"] = dict(steps=len(steps05), block_size=s["block_size"], pool_blocks_in_use=share(steps05, "pool"))
+    kv["ch05"]["reference_attention_gather"] = share(steps05, "gathered")
+    kv["same_tokens"] = f"{sum(tokens03[k] == tokens05[k] for k in tokens03)}/{len(mixed)}"
+    llms = {
         (name, b): (module, make(module, b)) for b in s["batches"] for name, module in (("ch03", ch03), ("ch05", ch05))
     }
-    times, outputs = {key: [] for key in engines}, {}
+    return {
+        "settings": s | {"threads": args.threads},
+        "checkpoints": [chapters.checkpoint(n).module for n in (3, 5)],
+        "dtype": str(next(next(iter(llms.values()))[1].model.parameters()).dtype).removeprefix("torch."),
+        "kv_use": kv,
+        "throughput": throughput(s, llms, vocab),
+        "budget": budget(s, ch05, make(ch05, len(mixed), kv_cache_memory=s["budget_mib"] << 20), mixed),
+    }
+
+
+def throughput(s: dict, llms: dict, vocab: int) -> dict:
+    """(b): the same requests through every (chapter, max_batch_size), interleaved, the fastest run of each."""
+    lengths, max_tokens = s["throughput_lengths"], s["throughput_max_tokens"]
+    requests = harness.random_requests(s["throughput_requests"], lengths, max_tokens, vocab, s["seed"] + 1)
+    prompts, max_tokens = [p for p, _ in requests], [m for _, m in requests]
+    print(f"(b) throughput: {len(prompts)} requests, best of {s['repeats']}", flush=True)
+    times, outputs = {key: [] for key in llms}, {}
     for _ in range(s["repeats"]):  # interleaved: a burst of other work spoils one run, not one configuration
-        for key, (module, llm) in engines.items():
+        for key, (module, llm) in llms.items():
             seconds, outputs[key] = harness.timed_generate(module, llm, prompts, max_tokens)
             times[key].append(seconds)
     rows = []
     for b in s["batches"]:
-        row = {
-            "max_batch_size": b,
-            **{
-                name: {
-                    "best_s": round(min(times[name, b]), 2),
-                    "all_s": [round(t, 2) for t in times[name, b]],
-                    "output_tokens_per_s": round(sum(max_tokens) / min(times[name, b]), 2),
-                }
-                for name in ("ch03", "ch05")
-            },
-        }
+        row = {"max_batch_size": b}
+        for name in ("ch03", "ch05"):
+            best = min(times[name, b])
+            row[name] = dict(best_s=round(best, 2), all_s=[round(t, 2) for t in times[name, b]])
+            row[name]["output_tokens_per_s"] = round(sum(max_tokens) / best, 2)
         row["ch05_over_ch03"] = round(row["ch05"]["output_tokens_per_s"] / row["ch03"]["output_tokens_per_s"], 3)
-        row["same_tokens"] = "{}/{}".format(
-            sum(a.token_ids == c.token_ids for a, c in zip(outputs["ch03", b], outputs["ch05", b])), len(prompts)
-        )
-        rows.append(row)
+        same = sum(a.token_ids == c.token_ids for a, c in zip(outputs["ch03", b], outputs["ch05", b]))
+        rows.append(row | {"same_tokens": f"{same}/{len(prompts)}"})
+    out = dict(requests=len(prompts), prompt_lens=[len(p) for p in prompts], max_tokens=max_tokens)
+    return out | dict(output_tokens=sum(max_tokens), rows=rows)
 
-    budget = s["budget_mib"] << 20
-    llm = make(ch05, len(mixed), kv_cache_memory=budget)
-    per_token = llm.engine.bytes_per_token()
-    slots, blocks, bs = budget // per_token, llm.block_manager.num_total_blocks, s["block_size"]
+
+def budget(s: dict, ch05, llm, mixed: list) -> dict:
+    """(c): how many of (a)'s requests fit at once in the KV budget `llm` was given, computed and measured."""
+    bs, blocks, per_token = s["block_size"], llm.block_manager.num_total_blocks, llm.engine.bytes_per_token()
+    slots = (s["budget_mib"] << 20) // per_token
     needs = [min(len(p) + m, s["max_model_len"]) - 1 for p, m in mixed]  # the last token is never cached
 
     def fitting(costs: list[int], capacity: int) -> int:
         """How many requests, taken in order, fit together (admission stops at the first that does not)."""
         return next((k for k in range(len(costs)) if sum(costs[: k + 1]) > capacity), len(costs))
 
-    computed = {
-        "contiguous_for_max_model_len": slots // s["max_model_len"],
-        "contiguous_for_prompt_plus_max_tokens": fitting(needs, slots),
-        "blocks_reserving_prompt_plus_max_tokens": fitting([-(-n // bs) for n in needs], blocks),
-        "blocks_reserving_prompt_only": fitting([-(-len(p) // bs) for p, _ in mixed], blocks),
-    }
+    computed = dict(contiguous_for_max_model_len=slots // s["max_model_len"])
+    computed["contiguous_for_prompt_plus_max_tokens"] = fitting(needs, slots)
+    computed["blocks_reserving_prompt_plus_max_tokens"] = fitting([-(-n // bs) for n in needs], blocks)
+    computed["blocks_reserving_prompt_only"] = fitting([-(-len(p) // bs) for p, _ in mixed], blocks)
     stepper, running, in_use = OfflineStepper(ch05, llm), [], []
     for i, (prompt, m) in enumerate(mixed):
         stepper.add(str(i), prompt, m)
@@ -189,33 +156,10 @@ def measure(args, s: dict) -> dict:
         running.append(len(stepper.step()))
         in_use.append(blocks - llm.block_manager.num_free_blocks)
     print(f"(c) {s['budget_mib']} MiB: computed {computed}; measured peak {max(running)} running", flush=True)
-    return {
-        "settings": s | {"threads": args.threads},
-        "checkpoints": [chapters.checkpoint(n).module for n in (3, 5)],
-        "dtype": str(next(llm.model.parameters()).dtype).removeprefix("torch."),
-        "kv_use": kv,
-        "throughput": {
-            "requests": len(prompts),
-            "prompt_lens": [len(p) for p in prompts],
-            "max_tokens": max_tokens,
-            "output_tokens": sum(max_tokens),
-            "rows": rows,
-        },
-        "budget": {
-            "budget_mib": s["budget_mib"],
-            "bytes_per_token": per_token,
-            "token_slots": slots,
-            "block_size": bs,
-            "num_blocks": blocks,
-            "max_model_len": s["max_model_len"],
-            "max_tokens": s["mixed_max_tokens"],
-            "requests_offered": len(mixed),
-            "computed": computed,
-            "measured_running_per_step": running,
-            "measured_peak_running": max(running),
-            "measured_peak_blocks_in_use": max(in_use),
-        },
-    }
+    out = dict(budget_mib=s["budget_mib"], bytes_per_token=per_token, token_slots=slots, block_size=bs)
+    out |= dict(num_blocks=blocks, max_model_len=s["max_model_len"], max_tokens=s["mixed_max_tokens"])
+    out |= dict(requests_offered=len(mixed), computed=computed, measured_running_per_step=running)
+    return out | dict(measured_peak_running=max(running), measured_peak_blocks_in_use=max(in_use))
 
 
 def plot(result: dict, path) -> None:

@@ -180,7 +180,10 @@ def peer_lines(result: dict) -> str:
         settings = ", ".join(
             f"`{k}={v}`" for k, v in (e.get("settings") or {}).items() if k not in ("model", "system_info")
         )
-        env = ", ".join(f"`{k}={v}`" for k, v in (e.get("environment") or {}).items() if k != "python")
+        env = (e.get("environment") or {}) | {"python": ""}
+        if env.get("LD_PRELOAD"):  # the libraries' names, not where this machine keeps them
+            env["LD_PRELOAD"] = ":".join(Path(lib).name for lib in env["LD_PRELOAD"].split(":"))
+        env = ", ".join(f"`{k}={v}`" for k, v in env.items() if k != "python")
         load = f"loaded in {num(e['load_s'])} s (not timed)" if e.get("load_s") is not None else "not loaded"
         lines.append(
             f"- **{e['label']}** ({e['engine']} {e['version']}), {load}; {settings}"
