@@ -126,6 +126,7 @@ def measure(args, s, engines, chosen, workload, device="cpu", dtype="float32", r
     )
     sample = list(range(min(s["check_requests"], len(requests))))
     hf = dict(batch_size=s["static_batch"], reference_sample=sample, reference_tokens=s["check_tokens"])
+    hf["reference_only"] = "hf-generate" not in engines  # the reference is always made
     runs = {"hf-generate": harness.run_engine("hf-generate", common | hf, ENGINES["hf-generate"])}
     reference = runs["hf-generate"].get("reference", {})
     options = dict(
