@@ -23,16 +23,8 @@ NAME = "arrivals"
 HELP = "requests arriving over time: chapter 05's scheduler against chapter 07's on one KV pool"
 CHAPTER = 7
 
-FULL = {
-    "requests": 24,
-    "every": 2,
-    "prompt_len": [16, 128],
-    "max_tokens": [16, 96],
-    "block_size": 16,
-    "num_kv_blocks": 48,
-    "max_batch": 32,
-    "seed": 0,
-}
+FULL = {"requests": 24, "every": 2, "prompt_len": [16, 128], "max_tokens": [16, 96], "seed": 0}
+FULL |= {"block_size": 16, "num_kv_blocks": 48, "max_batch": 32}  # one KV pool for both chapters
 QUICK = {"requests": 6, "prompt_len": [4, 12], "max_tokens": [4, 8], "num_kv_blocks": 12, "block_size": 4}
 
 
@@ -71,25 +63,15 @@ def serve(stepper, requests: list, every: int, prompts: dict) -> dict:
     cpu = time.process_time() - cpu_start
     ttft = [first[k] - arrived[k] for k in arrived]
     ttft_steps = [steps_of["first"][k] - steps_of["arrival"][k] for k in arrived]  # 0: prefilled on arrival
-    output = sum(len(t) for t in tokens.values())
-    return {
-        "seconds": round(max(done.values()), 3),
-        "cpu_seconds": round(cpu, 3),
-        "steps": step,
-        "output_tokens": output,
-        "output_tokens_per_s": round(output / max(done.values()), 2),
-        "output_tokens_per_cpu_s": round(output / cpu, 2),
-        "mean_batch": round(statistics.fmean(n for n in batches if n), 2),
-        "ttft_median_s": round(statistics.median(ttft), 3),
-        "ttft_p90_s": round(harness.percentile(ttft, 90), 3),
-        "ttft_median_steps": statistics.median(ttft_steps),
-        "ttft_p90_steps": harness.percentile(ttft_steps, 90),
-        "ttft_max_steps": max(ttft_steps),
-        "latency_median_s": round(statistics.median([done[k] - arrived[k] for k in arrived]), 3),
-        "preemptions": preemptions,
-        "recomputed_tokens": recomputed,
-        "tokens": tokens,
-    }
+    wall, output = max(done.values()), sum(len(t) for t in tokens.values())
+    out = dict(seconds=round(wall, 3), cpu_seconds=round(cpu, 3), steps=step, output_tokens=output)
+    out |= dict(output_tokens_per_s=round(output / wall, 2), output_tokens_per_cpu_s=round(output / cpu, 2))
+    out |= dict(mean_batch=round(statistics.fmean(n for n in batches if n), 2))
+    out |= dict(ttft_median_s=round(statistics.median(ttft), 3), ttft_p90_s=round(harness.percentile(ttft, 90), 3))
+    out |= dict(ttft_median_steps=statistics.median(ttft_steps), ttft_p90_steps=harness.percentile(ttft_steps, 90))
+    out |= dict(ttft_max_steps=max(ttft_steps), preemptions=preemptions, recomputed_tokens=recomputed)
+    latency = statistics.median([done[k] - arrived[k] for k in arrived])
+    return out | dict(latency_median_s=round(latency, 3), tokens=tokens)
 
 
 def measure(args, s: dict) -> dict:

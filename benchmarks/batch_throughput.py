@@ -61,28 +61,15 @@ def measure(args, s: dict, name: str, module) -> dict:
     points, steps = [], s["max_tokens"] - 1  # decode steps of b tokens after the prefill
     for b in s["batch_sizes"]:
         first, full = min(firsts[b]), min(fulls[b])
-        points.append(
-            {
-                "batch_size": b,
-                "requests": b,
-                "output_tokens": b * s["max_tokens"],
-                "prefill_s": round(first, 3),
-                "total_s": round(full, 3),
-                "output_tokens_per_s": round(b * s["max_tokens"] / full, 2),
-                "decode_tokens_per_s": round(b * steps / (full - first), 2),
-                "decode_ms_per_step": round((full - first) / steps * 1000, 2),
-            }
-        )
+        point = dict(batch_size=b, requests=b, output_tokens=b * s["max_tokens"], prefill_s=round(first, 3))
+        point |= dict(total_s=round(full, 3), output_tokens_per_s=round(b * s["max_tokens"] / full, 2))
+        point |= dict(decode_tokens_per_s=round(b * steps / (full - first), 2))
+        points.append(point | {"decode_ms_per_step": round((full - first) / steps * 1000, 2)})
         print(f"  batch {b:>3}: {points[-1]['output_tokens_per_s']:.1f} output tokens/s", flush=True)
     for p in points:
         p["speedup_over_first"] = round(p["output_tokens_per_s"] / points[0]["output_tokens_per_s"], 2)
-    return {
-        "settings": s | {"greedy": True, "ignore_eos": True, "max_batch_size": largest},
-        "checkpoint": name,
-        "chapter": module.__chapter__,
-        "dtype": str(next(llm.model.parameters()).dtype).removeprefix("torch."),
-        "points": points,
-    }
+    settings = s | {"greedy": True, "ignore_eos": True, "max_batch_size": largest}
+    return harness.checkpoint_record(name, module, llm) | {"points": points, "settings": settings}
 
 
 def plot(result: dict, path) -> None:

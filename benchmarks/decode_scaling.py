@@ -16,14 +16,8 @@ NAME = "decode-scaling"
 HELP = "milliseconds per decode step against sequence length, for one chapter checkpoint"
 CHAPTER = 2
 
-FULL = {
-    "checkpoint": "rosellm",
-    "lengths": [16, 64, 128, 256, 384, 512],
-    "steps": 4,
-    "repeats": 3,
-    "total_tokens": 96,
-    "seed": 0,
-}
+FULL = {"checkpoint": "rosellm", "lengths": [16, 64, 128, 256, 384, 512], "steps": 4, "repeats": 3, "seed": 0}
+FULL |= {"total_tokens": 96}  # one whole generation from the shortest prompt, to check that the steps add up
 QUICK = {"lengths": [8, 16], "steps": 2, "repeats": 1, "total_tokens": 8}
 
 
@@ -63,15 +57,9 @@ def measure(args, s: dict, name: str, module) -> dict:
     points = []
     for n in s["lengths"]:
         decode_ms = (min(fulls[n]) - min(firsts[n])) / s["steps"] * 1000
-        points.append(
-            {
-                "prompt_len": n,
-                "mean_context_len": n + (s["steps"] + 1) / 2,  # step j sees n + j tokens
-                "first_token_ms": round(min(firsts[n]) * 1000, 2),
-                "decode_ms_per_token": round(decode_ms, 2),
-                "decode_tokens_per_s": round(1000 / decode_ms, 2),
-            }
-        )
+        point = dict(prompt_len=n, mean_context_len=n + (s["steps"] + 1) / 2)  # step j sees n + j tokens
+        point |= dict(first_token_ms=round(min(firsts[n]) * 1000, 2), decode_ms_per_token=round(decode_ms, 2))
+        points.append(point | {"decode_tokens_per_s": round(1000 / decode_ms, 2)})
     xs, ys = [p["mean_context_len"] for p in points], [p["decode_ms_per_token"] for p in points]
     slope = statistics.linear_regression(xs, ys).slope if len(set(xs)) > 1 else 0.0
     intercept = statistics.fmean(ys) - slope * statistics.fmean(xs)
@@ -92,15 +80,9 @@ def measure(args, s: dict, name: str, module) -> dict:
             f"  prompt {p['prompt_len']:>5}: first token {p['first_token_ms']:.0f} ms, decode step "
             f"{p['decode_ms_per_token']:.1f} ms"
         )
-    return {
-        "settings": s | {"greedy": True, "ignore_eos": True},
-        "checkpoint": name,
-        "chapter": module.__chapter__,
-        "dtype": str(next(llm.model.parameters()).dtype).removeprefix("torch."),
-        "points": points,
-        "fit": {"intercept_ms": round(intercept, 2), "slope_ms_per_token": round(slope, 4)},
-        "whole_generation": whole,
-    }
+    fit = {"intercept_ms": round(intercept, 2), "slope_ms_per_token": round(slope, 4)}
+    out = harness.checkpoint_record(name, module, llm) | dict(points=points, fit=fit, whole_generation=whole)
+    return out | {"settings": s | {"greedy": True, "ignore_eos": True}}
 
 
 def plot(result: dict, path) -> None:

@@ -374,6 +374,12 @@ def timed_generate(module, llm, prompts: list[list[int]], max_tokens: int | list
     return elapsed, outputs
 
 
+def checkpoint_record(name: str, module, llm) -> dict:
+    """Which checkpoint a chapter workload measured, and in which dtype."""
+    dtype = str(next(llm.model.parameters()).dtype).removeprefix("torch.")
+    return {"checkpoint": name, "chapter": module.__chapter__, "dtype": dtype}
+
+
 def chapter_run(args, workload: str, measure, json_name: str, figure_name: str, plot) -> dict:
     """A chapter workload: `measure(settings)` in this process, then the result file and figure."""
     started = time.perf_counter()

@@ -41,6 +41,7 @@ def at_batch_1(result: dict, s: dict, model: str | None) -> dict:
     time - first token's), the first being the prefill's; TTFT is its time."""
     roof, n = result["roofline"], s["max_tokens"]
     for e in result["engines"]:
+        e["label"] = {"rosellm": "rosellm (ch07)", "hf-generate": "transformers generate"}.get(e["engine"], e["label"])
         if "error" not in e:
             e["ttft_ms"], e["tpot_ms"] = e["ttft_ms"]["median"], e["tpot_ms"]["median"]
             e["decode_tokens_per_s"] = round(1000 / e["tpot_ms"], 2)

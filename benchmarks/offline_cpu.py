@@ -22,40 +22,19 @@ NAME = "offline-cpu"
 HELP = "DESIGN §6 offline-cpu: 64 random requests, rosellm vs transformers (and --peers vllm,llamacpp)"
 CHAPTER = 7  # measures chapter 07's step engine (`LLMEngine`)
 
-FULL = dict(
-    requests=64,
-    prompt_len=[32, 512],
-    max_tokens=[32, 256],
-    seed=0,
-    static_batch=16,
-    max_num_seqs=64,
-    max_batch_tokens=2048,
-    check_requests=4,
-    check_tokens=16,
-    sweep=[1, 2, 4, 8, 16, 32, 64],
-    sweep_prompt_len=128,
-    sweep_steps=8,
-    profile_requests=8,
-    repeats=1,
-)
-QUICK = dict(
-    requests=6,
-    prompt_len=[8, 40],
-    max_tokens=[4, 12],
-    static_batch=4,
-    max_batch_tokens=256,
-    check_requests=2,
-    check_tokens=4,
-    sweep=[1, 2, 4],
-    sweep_prompt_len=16,
-    sweep_steps=3,
-    profile_requests=3,
-)
+FULL = {"requests": 64, "prompt_len": [32, 512], "max_tokens": [32, 256], "seed": 0, "repeats": 1}
+FULL |= {"static_batch": 16, "max_num_seqs": 64, "max_batch_tokens": 2048}  # the engines' limits
+FULL |= {"check_requests": 4, "check_tokens": 16, "profile_requests": 8}
+FULL |= {"sweep": [1, 2, 4, 8, 16, 32, 64], "sweep_prompt_len": 128, "sweep_steps": 8}  # rosellm's decode sweep
+QUICK = {"requests": 6, "prompt_len": [8, 40], "max_tokens": [4, 12], "static_batch": 4, "max_batch_tokens": 256}
+QUICK |= {"check_requests": 2, "check_tokens": 4, "profile_requests": 3}
+QUICK |= {"sweep": [1, 2, 4], "sweep_prompt_len": 16, "sweep_steps": 3}
 ENGINES = {
     "rosellm": "rosellm (ch07, continuous batching)",
     "hf-generate": "transformers generate (static batches)",
     "hf-continuous": "transformers continuous batching",
 }
+FLOP = ("dense_flop", "attention_flop")
 NOTES = [
     "Useful output tokens: each request's own max_tokens (a static batch runs to its longest request).",
     "TTFT: from t = 0, when every request is submitted, to the request's first token; TPOT: (last - first) / "
@@ -171,30 +150,17 @@ def measure(args, s, engines, chosen, workload, device="cpu", dtype="float32", r
         machine,
         s | dict(engines=engines, peers=[p.name for p in chosen], rosellm_engine_options=options, threads=args.threads),
     )
-    return head | dict(
-        dtype=dtype,
-        parameters=params,
-        work=work,
-        roofline=roof,
-        engines=rows,
-        agreement=same,
-        notes=NOTES,
-        check={row["engine"]: row["check"] for row in rows if "check" in row},
-        targets=targets_met(rows),
-        correct="rosellm" not in runs
-        or bool(ours.get("tokens") and harness.check_against(reference, ours["tokens"])["passed"]),
-        decode_sweep=ours.get("decode_sweep") or [],
-        profile=ours.get("profile"),
-    )
+    out = dict(dtype=dtype, parameters=params, work=work, roofline=roof, engines=rows, agreement=same, notes=NOTES)
+    out |= dict(check={row["engine"]: row["check"] for row in rows if "check" in row}, targets=targets_met(rows))
+    out |= dict(decode_sweep=ours.get("decode_sweep") or [], profile=ours.get("profile"))
+    return head | out | {"correct": "rosellm" not in runs or bool(out["check"].get("rosellm", {}).get("passed"))}
 
 
 def same_tokens(a: dict, b: dict) -> dict | None:
     """How many requests two engines answered with identical tokens (all of them, not only the sample)."""
     if a.get("tokens") and b.get("tokens"):
-        return {
-            "identical_requests": sum(x == y for x, y in zip(a["tokens"], b["tokens"])),
-            "requests": len(a["tokens"]),
-        }
+        same = sum(x == y for x, y in zip(a["tokens"], b["tokens"]))
+        return {"identical_requests": same, "requests": len(a["tokens"])}
     return None
 
 
@@ -206,15 +172,9 @@ def workload_work(requests: list, config, params: dict) -> dict:
     per_key = 4.0 * config.num_hidden_layers * config.num_attention_heads * config.head_dim
     attention = sum(per_key * (len(p) * (len(p) + 1) / 2 + sum(len(p) + k for k in range(1, m))) for p, m in requests)
     dense = 2 * params["non_embedding"] * decoder_tokens + 2 * params["lm_head"] * output_tokens
-    return dict(
-        requests=len(requests),
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        processed_tokens=prompt_tokens + output_tokens,
-        decoder_tokens=decoder_tokens,
-        dense_flop=dense,
-        attention_flop=attention,
-    )
+    out = dict(requests=len(requests), prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    out |= dict(processed_tokens=prompt_tokens + output_tokens, decoder_tokens=decoder_tokens)
+    return out | dict(dense_flop=dense, attention_flop=attention)
 
 
 def summarize(runs: dict, requests: list, work: dict, roof: dict, reference: dict) -> list[dict]:
@@ -226,42 +186,25 @@ def summarize(runs: dict, requests: list, work: dict, roof: dict, reference: dic
         row |= {key: r[key] for key in ("version", "settings", "environment", "load_s", "check") if key in r}
         if r.get("tokens"):
             row["check"] = harness.check_against(reference, r["tokens"])
-        row |= {
-            "check_passed": row.get("check", {}).get("passed"),
-            "other_processes_cpu_share": r.get("other_processes_cpu_share"),
-        }
+        row["check_passed"] = row.get("check", {}).get("passed")
+        row["other_processes_cpu_share"] = r.get("other_processes_cpu_share")
         if "error" in r or not r.get("tokens"):
             rows.append(row | {"error": r.get("error", "no tokens")})
             continue
         wall, useful = r["wall_s"], sum(min(len(t), m) for t, m in zip(r["tokens"], max_tokens))
-        tpot = [
-            (b - a) / (m - 1)
-            for a, b, m in zip(r["first_token_s"], r["last_token_s"], max_tokens)
-            if m > 1 and a is not None
-        ]
-        memory = r.get("memory") or {}
-        rows.append(
-            row
-            | dict(
-                wall_s=round(wall, 2),
-                useful_output_tokens=useful,
-                output_tokens_per_s=round(useful / wall, 2),
-                all_requests_complete=[len(t) for t in r["tokens"]] == max_tokens,
-                processed_tokens_per_s=round(work["processed_tokens"] / wall, 2),
-                ttft_ms=median_p90(r["first_token_s"], 1000, 1),
-                tpot_ms=median_p90(tpot, 1000, 3),
-                share_of_roofline_output=round(useful / wall / roof["compute_tokens_per_s"], 4),
-                share_of_roofline_work=round(work["dense_flop"] / wall / roof["gemm_flops"], 4),
-                share_of_roofline_work_with_attention=round(
-                    (work["dense_flop"] + work["attention_flop"]) / wall / roof["gemm_flops"], 4
-                ),
-                memory=memory,
-                peak_rss_run_mib=memory.get("peak_rss_run_mib"),
-                steps=r.get("steps"),
-                returned_ms=median_p90(r.get("returned_s") or [], 1000, 1),
-                padded_token_positions=r.get("padded_token_positions"),
-            )
-        )
+        times = zip(r["first_token_s"], r["last_token_s"], max_tokens)
+        tpot = [(b - a) / (m - 1) for a, b, m in times if m > 1 and a is not None]
+        memory, dense, with_attention = r.get("memory") or {}, work["dense_flop"], sum(work[k] for k in FLOP)
+        row |= dict(wall_s=round(wall, 2), useful_output_tokens=useful, output_tokens_per_s=round(useful / wall, 2))
+        row |= dict(all_requests_complete=[len(t) for t in r["tokens"]] == max_tokens)
+        row |= dict(processed_tokens_per_s=round(work["processed_tokens"] / wall, 2))
+        row |= dict(ttft_ms=median_p90(r["first_token_s"], 1000, 1), tpot_ms=median_p90(tpot, 1000, 3))
+        row |= dict(share_of_roofline_output=round(useful / wall / roof["compute_tokens_per_s"], 4))
+        row |= dict(share_of_roofline_work=round(dense / wall / roof["gemm_flops"], 4))
+        row |= dict(share_of_roofline_work_with_attention=round(with_attention / wall / roof["gemm_flops"], 4))
+        row |= dict(memory=memory, peak_rss_run_mib=memory.get("peak_rss_run_mib"), steps=r.get("steps"))
+        row |= dict(returned_ms=median_p90(r.get("returned_s") or [], 1000, 1))
+        rows.append(row | {"padded_token_positions": r.get("padded_token_positions")})
     ours = next((row for row in rows if row["engine"] == "rosellm" and "error" not in row), None)
     for row in rows:
         if ours and "error" not in row:

@@ -19,35 +19,13 @@ NAME = "offline-gpu"
 HELP = "DESIGN §6 offline-gpu: nano-vllm's workload (256 seqs, ~0.6B random Llama, bf16) vs transformers; CUDA only"
 CHAPTER = 7  # measures chapter 07's step engine (`LLMEngine`)
 
-FULL = {
-    "requests": 256,
-    "prompt_len": [100, 1024],
-    "max_tokens": [100, 1024],
-    "seed": 0,
-    "static_batch": 64,
-    "max_num_seqs": 256,
-    "max_batch_tokens": 16384,
-    "check_requests": 4,
-    "check_tokens": 4,
-    "sweep": [0],
-    "sweep_prompt_len": 128,
-    "sweep_steps": 8,
-    "profile_requests": 0,
-}
+FULL = offline_cpu.FULL | {"requests": 256, "prompt_len": [100, 1024], "max_tokens": [100, 1024]}
+FULL |= {"static_batch": 64, "max_num_seqs": 256, "max_batch_tokens": 16384, "check_tokens": 4}
+FULL |= {"sweep": [0], "profile_requests": 0}
 QUICK = {"requests": 8, "prompt_len": [16, 64], "max_tokens": [8, 32], "static_batch": 4}
-SHAPE = {
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 4096,
-    "rope_theta": 1_000_000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-}
+SHAPE = {"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28}
+SHAPE |= {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096}
+SHAPE |= {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
 
 
 def add_arguments(parser) -> None:
