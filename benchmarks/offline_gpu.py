@@ -31,7 +31,7 @@ SHAPE |= {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings"
 def add_arguments(parser) -> None:
     harness.add_arguments(parser, FULL)
     parser.add_argument("--engines", default=",".join(offline_cpu.ENGINES))
-    parser.add_argument("--peers", default="", help="none on a GPU yet")
+    parser.set_defaults(peers="")  # the peers are CPU builds
 
 
 def write_random_model(folder: Path, shape: dict) -> str:
