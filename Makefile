@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # The slowest tests are listed at the end of every run, so a test that grows slow shows.
 DURATIONS := --durations=15
 
-.PHONY: install demo test test-all test-fast lint docs notebook tags forward-fix bench clean-venv site-check
+.PHONY: install demo test test-all test-fast lint docs notebook tags forward-fix bench bench-peers clean-venv site-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,11 @@ forward-fix:
 
 bench: $(STAMP)
 	$(PY) -m benchmarks offline-cpu
+
+# Also vLLM's CPU build and llama.cpp, each installed on first use into .peers/NAME (llama.cpp compiles for ~15 min).
+bench-peers: $(STAMP)
+	$(PY) -m benchmarks offline-cpu --peers vllm,llamacpp
+	$(PY) -m benchmarks latency-cpu --peers vllm,llamacpp
 
 clean-venv:
 	rm -rf $(VENV)

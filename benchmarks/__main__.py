@@ -17,8 +17,11 @@ def main(argv: list[str] | None = None) -> None:
         module.add_arguments(parser)
         module.run(parser.parse_args(argv[1:]))
         return
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                     epilog="`python -m benchmarks WORKLOAD --help` lists a workload's options")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        epilog="`python -m benchmarks WORKLOAD --help` lists a workload's options",
+    )
     parser.add_argument("workload", choices=list(WORKLOADS))
     parser.parse_args(argv)  # reached only for --help, a missing or an unknown workload: argparse says so
 

@@ -1,31 +1,26 @@
-"""What the DESIGN.md §6 workloads (offline-cpu, latency-cpu, chapters, offline-gpu) share: the requests, the
-machine's measured rates and the rooflines built from them, statistics, one subprocess per engine (so that
-each engine's peak memory is its own), result files and the final table.
+"""What the workloads share: settings, the requests, the machine and its measured rates, one process per
+engine, the greedy check, statistics and result files.
 
 Rooflines. A decoder spends 2 FLOP per weight per token in its linear layers. With P the weights that every
 generated token goes through (the decoder layers and the LM head; the embedding is a lookup, not a GEMM):
 
-    compute roofline   = measured fp32 GEMM rate / (2 P)      tokens/s a machine could generate at best
+    compute roofline   = measured GEMM rate / (2 P)             tokens/s a machine could generate at best
     bandwidth roofline = measured memory bandwidth / (P bytes)  tokens/s at batch 1, where every step reads
-                                                               every weight once
+                                                                every weight once
 
 The attention's own FLOP and KV-cache reads come on top: both rooflines are upper bounds.
 """
 
-import hashlib
+import datetime
 import json
-import math
 import os
+import platform
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-from . import machine as _machine
-from .machine import machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -33,35 +28,73 @@ FIGURES = ROOT / "docs" / "figures"
 SMOLLM2 = "SmolLM2-135M-Instruct (bundled GGUF, dequantized to fp32)"
 
 
-class OtherLoad(_machine.OtherLoad):
-    """`machine.OtherLoad` that also counts the CPU time of this process's finished children (the engine
-    workers) as its own, so that only other people's work shows up as load."""
-
-    @staticmethod
-    def _sample():
-        sample = _machine.OtherLoad._sample()
-        if sample is None:
-            return None
-        times = os.times()
-        return sample[0], sample[1], sample[2] + times.children_user + times.children_system
+# --- settings: one dict of defaults per workload, a smaller one for --quick ------------------------------
 
 
-# --- requests -----------------------------------------------------------------------------------------
+def add_arguments(parser, full: dict, figure: bool = True) -> None:
+    """An option per setting of `full` (a list takes values apart or comma-separated), plus the common ones."""
+    for key, value in full.items():
+        many = isinstance(value, list)
+        parser.add_argument(
+            "--" + key.replace("_", "-"),
+            type=str if many else type(value),
+            nargs="+" if many else None,
+            default=None,
+            help=f"default {value}",
+        )
+    parser.add_argument("--model", default=None, help=".gguf file or Hugging Face folder (default: SmolLM2)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--quick", action="store_true", help="a tiny run that checks the harness, not the speed")
+    parser.add_argument("--json", type=Path, default=None, help="result file")
+    if figure:
+        parser.add_argument("--figure", type=Path, default=None, help="figure")
 
 
-def random_requests(count: int, prompt_len: tuple[int, int], max_tokens: tuple[int, int], vocab_size: int,
-                    seed: int) -> list[tuple[list[int], int]]:
-    """`count` requests (prompt token ids, max_tokens): random ids, lengths uniform in the given ranges.
+def settings(args, full: dict, quick: dict) -> dict:
+    """The workload's settings: what the command line set, else the --quick or the full default."""
+    out = full | quick if args.quick else dict(full)
+    for key, value in full.items():
+        given = getattr(args, key)
+        if given is not None and isinstance(value, list):
+            out[key] = [type(value[0])(x) for part in given for x in part.split(",") if x]
+        elif given is not None:
+            out[key] = given
+    return out
 
-    The lowest ids are left out: they are the special tokens (end of text, chat markers) of most vocabularies.
-    """
+
+def output_paths(args, name: str, figure: str | None = None) -> tuple[Path, Path]:
+    """The result file and figure: given, else results/NAME.json and figures/FIGURE.png (--quick: NAME_quick.*
+    side by side, so that a quick run never overwrites the book's results)."""
+    if args.quick:
+        json_path = args.json or RESULTS / f"{name}_quick.json"
+        return json_path, getattr(args, "figure", None) or json_path.with_suffix(".png")
+    return args.json or RESULTS / f"{name}.json", getattr(args, "figure", None) or FIGURES / f"{figure or name}.png"
+
+
+def command_line() -> str:
+    """The command that reproduces this run, without its output paths."""
+    kept, skip = [], False
+    for arg in sys.argv[1:]:
+        if not skip and arg not in ("--json", "--figure"):
+            kept.append(arg)
+        skip = arg in ("--json", "--figure")
+    return "python -m benchmarks " + " ".join(kept)
+
+
+# --- requests and model ----------------------------------------------------------------------------------
+
+
+def random_requests(
+    count: int, prompt_len: list[int], max_tokens: list[int], vocab_size: int, seed: int
+) -> list[tuple[list[int], int]]:
+    """`count` requests (prompt token ids, max_tokens), lengths uniform in the given ranges. The lowest ids,
+    the special tokens of most vocabularies, are left out."""
     rng = random.Random(seed)
     low = min(32, vocab_size // 8)
-    requests = []
-    for _ in range(count):
-        prompt = [rng.randrange(low, vocab_size) for _ in range(rng.randint(*prompt_len))]
-        requests.append((prompt, rng.randint(*max_tokens)))
-    return requests
+    return [
+        ([rng.randrange(low, vocab_size) for _ in range(rng.randint(*prompt_len))], rng.randint(*max_tokens))
+        for _ in range(count)
+    ]
 
 
 def model_config(model: str | None):
@@ -74,110 +107,155 @@ def model_config(model: str | None):
 
 def parameter_counts(config) -> dict:
     """Weights of a Llama-family model, counted from its config. `roofline` is P of the module docstring."""
-    hidden, heads, kv_heads, head_dim = (config.hidden_size, config.num_attention_heads,
-                                         config.num_key_value_heads, config.head_dim)
-    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o; k, v
-    mlp = 3 * hidden * config.intermediate_size
-    norms = 2 * hidden
-    non_embedding = config.num_hidden_layers * (attention + mlp + norms) + hidden  # + the final norm
-    embedding = config.vocab_size * hidden
-    lm_head = config.vocab_size * hidden
-    return {
-        "non_embedding": non_embedding,
-        "embedding": embedding,
-        "lm_head": lm_head,
-        "lm_head_tied_to_embedding": bool(config.tie_word_embeddings),
-        "roofline": non_embedding + lm_head,
-        "roofline_means": "non-embedding weights + LM head (the embedding is a lookup; a tied LM head counts "
-                          "once, as the LM head)",
-    }
+    c = config
+    attention = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+    layer = attention + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size
+    non_embedding = c.num_hidden_layers * layer + c.hidden_size  # + the final norm
+    lm_head = c.vocab_size * c.hidden_size
+    means = "non-embedding weights + LM head (the embedding is a lookup; a tied LM head counts once, as the LM head)"
+    out = dict(non_embedding=non_embedding, embedding=lm_head, lm_head=lm_head, roofline=non_embedding + lm_head)
+    return out | dict(lm_head_tied_to_embedding=bool(c.tie_word_embeddings), roofline_means=means)
 
 
-def attention_flop_per_token(config, context: float) -> float:
-    """FLOP of the attention itself (QK^T and PV) for one query token that sees `context` keys."""
-    return 4.0 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * context
+# --- the machine -----------------------------------------------------------------------------------------
 
 
-# --- the machine's rates --------------------------------------------------------------------------------
+class OtherLoad:
+    """The share of all CPUs' time that *other* processes used meanwhile (this one and its children are not
+    others). Linux only; None elsewhere. A shared machine makes timings meaningless without saying so."""
+
+    def __enter__(self):
+        self.start = self.sample()
+        return self
+
+    def __exit__(self, *exc):
+        self.end = self.sample()
+
+    @staticmethod
+    def sample():
+        try:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except OSError:
+            return None
+        ticks, own = os.sysconf("SC_CLK_TCK"), os.times()
+        mine = own.user + own.system + own.children_user + own.children_system
+        return sum(fields) / ticks, (sum(fields) - fields[3] - fields[4]) / ticks, mine
+
+    @property
+    def share(self) -> float | None:
+        if self.start is None or self.end is None:
+            return None
+        total, busy, mine = (end - start for end, start in zip(self.end, self.start))
+        return round(max(busy - mine, 0.0) / total, 3) if total > 0 else None
 
 
-def measure_gemm(n: int = 2048, repeats: int = 5, dtype: str = "float32", device: str = "cpu") -> dict:
-    """FLOP/s of one large square `torch.mm` (2 n^3 FLOP), best and median of `repeats` after a warm-up.
-
-    Other work on the machine only slows a run down, so the best run is the estimate of what the machine can
-    do; the median says how disturbed the measurement was."""
+def describe_machine(device: str = "cpu", threads: int | None = None) -> dict:
+    """What a result was measured on, after setting torch's threads to what the engines will use."""
     import torch
 
-    dt = getattr(torch, dtype)
-    a = torch.randn(n, n, device=device).to(dt)
-    b = torch.randn(n, n, device=device).to(dt)
-    out = torch.empty(n, n, device=device, dtype=dt)
-    torch.mm(a, b, out=out)
+    if threads:
+        torch.set_num_threads(threads)
+    models = [
+        line.split(":")[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line
+    ]
+    info = dict(cpu=(models or [platform.processor()])[0], cpu_cores=os.cpu_count(), device=device)
+    info |= dict(cpu_cores_usable=len(os.sched_getaffinity(0)), platform=platform.platform(), torch=torch.__version__)
+    info |= dict(python=platform.python_version(), torch_threads=torch.get_num_threads())
+    info |= dict(load_average_1min=round(os.getloadavg()[0], 2), cuda_available=torch.cuda.is_available())
+    return info | ({"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {})
+
+
+def best_seconds(fn, repeats: int, device: str) -> tuple[float, float]:
+    """(best, median) seconds of `fn()` after one warm-up call: other work only slows a run down."""
+    import torch
+
+    fn()
     times = []
     for _ in range(repeats):
-        sync(device)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        torch.mm(a, b, out=out)
-        sync(device)
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    flop = 2.0 * n**3
-    return {"n": n, "dtype": dtype, "repeats": repeats,
-            "flops_best": flop / min(times), "flops_median": flop / statistics.median(times)}
+    return min(times), sorted(times)[len(times) // 2]
 
 
-def measure_bandwidth(mib: int = 256, repeats: int = 5, device: str = "cpu") -> dict:
-    """Bytes/s of copying a `mib` MiB fp32 tensor into another (each byte read once and written once)."""
+def measure_rates(
+    quick: bool, device: str = "cpu", dtype: str = "float32", n: int | None = None, mib: int | None = None
+) -> dict:
+    """The GEMM rate (one square `torch.mm`) and the memory bandwidth (a copy: each byte read and written)."""
     import torch
 
-    numel = mib * (1 << 20) // 4
-    src = torch.ones(numel, device=device)
+    n, mib, repeats = n or (512 if quick else 2048), mib or (32 if quick else 256), 3 if quick else 5
+    a = torch.randn(n, n, device=device).to(getattr(torch, dtype))
+    out = torch.empty_like(a)
+    src = torch.ones(mib << 18, device=device)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        times.append(time.perf_counter() - start)
-    moved = 2.0 * numel * 4
-    return {"mib": mib, "repeats": repeats,
-            "bytes_per_s_best": moved / min(times), "bytes_per_s_median": moved / statistics.median(times)}
-
-
-def sync(device: str) -> None:
-    if str(device).startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize(device)
-
-
-def measure_rates(quick: bool, device: str = "cpu", dtype: str = "float32") -> dict:
-    """The GEMM rate and the memory bandwidth, measured here and now (in this process)."""
     with OtherLoad() as other:
-        gemm = measure_gemm(n=512 if quick else 2048, repeats=3 if quick else 5, dtype=dtype, device=device)
-        bandwidth = measure_bandwidth(mib=32 if quick else 256, repeats=3 if quick else 5, device=device)
-    return {"gemm": gemm, "bandwidth": bandwidth, "other_processes_cpu_share": other.share,
-            "at": time.strftime("%H:%M:%S")}
+        gemm = best_seconds(lambda: torch.mm(a, a, out=out), repeats, device)
+        copy = best_seconds(lambda: dst.copy_(src), repeats, device)
+    flop, moved = 2.0 * n**3, 2.0 * src.numel() * 4
+    gemm = dict(n=n, dtype=dtype, repeats=repeats, flops_best=flop / gemm[0], flops_median=flop / gemm[1])
+    copy = dict(mib=mib, repeats=repeats, bytes_per_s_best=moved / copy[0], bytes_per_s_median=moved / copy[1])
+    return dict(gemm=gemm, bandwidth=copy, other_processes_cpu_share=other.share, at=time.strftime("%H:%M:%S"))
 
 
 def rooflines(rates: list[dict], params: dict, bytes_per_weight: int = 4) -> dict:
-    """The rooflines from the best of several measurements of the rates (before and after the engines ran)."""
+    """The rooflines from the best of the rates measured before and after the engines."""
     gemm = max(r["gemm"]["flops_best"] for r in rates)
     bandwidth = max(r["bandwidth"]["bytes_per_s_best"] for r in rates)
-    weight_bytes = params["roofline"] * bytes_per_weight
-    return {
-        "gemm_flops": gemm,
-        "bandwidth_bytes_per_s": bandwidth,
-        "flop_per_token": 2 * params["roofline"],
-        "weight_bytes": weight_bytes,
-        "compute_tokens_per_s": gemm / (2 * params["roofline"]),
-        "bandwidth_tokens_per_s": bandwidth / weight_bytes,
-        "measurements": rates,
-    }
+    weight, flop = params["roofline"] * bytes_per_weight, 2 * params["roofline"]
+    out = dict(gemm_flops=gemm, bandwidth_bytes_per_s=bandwidth, flop_per_token=flop, weight_bytes=weight)
+    out |= dict(compute_tokens_per_s=gemm / flop, bandwidth_tokens_per_s=bandwidth / weight)
+    return out | {"measurements": rates}
 
 
-# --- statistics -----------------------------------------------------------------------------------------
+# --- one engine in a process of its own --------------------------------------------------------------------
+
+
+def run_process(argv: list[str], spec: dict, label: str, env: dict | None = None) -> dict:
+    """Run `argv + [SPEC, OUT]` (the protocol of `benchmarks.engines` and of the peers' scripts: the spec in
+    a JSON file, the result written to another) and return its result, or {"error": ...}. A fresh process
+    per engine makes its peak memory its own and keeps one engine's threads and allocator from the next."""
+    print(f"--- {label}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="rosellm-bench-") as tmp, OtherLoad() as other:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        start = time.perf_counter()
+        done = subprocess.run([*argv, str(spec_path), str(out_path)], cwd=ROOT, env=env)
+        if done.returncode != 0 or not out_path.is_file():
+            result = {"error": f"{label} exited with status {done.returncode}"}
+        else:
+            result = json.loads(out_path.read_text())
+    result["process_wall_s"] = round(time.perf_counter() - start, 1)
+    result["other_processes_cpu_share"] = other.share
+    return result
+
+
+def run_engine(task: str, spec: dict, label: str) -> dict:
+    """One of `benchmarks.engines`' tasks, with this Python."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return run_process([sys.executable, "-m", "benchmarks.engines", task], spec, label, env)
+
+
+def check_against(reference: dict, tokens: list | dict) -> dict:
+    """Does an engine's greedy output start with transformers' one-at-a-time tokens on the checked sample?
+    `reference` maps a request's index (a string) to its tokens; `tokens` is a list or the same kind of map."""
+    mismatches = []
+    for key, expected in reference.items():
+        got = (tokens.get(key) if isinstance(tokens, dict) else tokens[int(key)]) or []
+        got = got[: len(expected)]
+        if got != expected:
+            where = next((k for k, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+            mismatches.append({"request": int(key), "first_difference_at": where})
+    tokens_each = max((len(v) for v in reference.values()), default=0)
+    passed = bool(reference) and not mismatches
+    return dict(requests=len(reference), tokens_each=tokens_each, passed=passed, mismatches=mismatches)
+
+
+# --- statistics and output -----------------------------------------------------------------------------
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -186,166 +264,137 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     position = (len(ordered) - 1) * q / 100
-    low, high = math.floor(position), math.ceil(position)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def median_p90(values: list[float], scale: float = 1.0, digits: int = 2) -> dict:
+def median_p90(values: list, scale: float = 1.0, digits: int = 2) -> dict:
     values = [v * scale for v in values if v is not None]
     if not values:
         return {"median": None, "p90": None}
     return {"median": round(percentile(values, 50), digits), "p90": round(percentile(values, 90), digits)}
 
 
-def latency_stats(run: dict, max_tokens: list[int]) -> dict:
-    """TTFT and TPOT (milliseconds, median and p90) from a run's per-request times.
-
-    run["first_token_s"][i]: seconds from the start (every request submitted) to request i's first token;
-    run["last_token_s"][i]: to its last. TPOT = (last - first) / (tokens - 1): the pace at which its tokens
-    came once the first was out."""
-    ttft = run["first_token_s"]
-    tpot = [(last - first) / (n - 1) for first, last, n in zip(ttft, run["last_token_s"], max_tokens) if n > 1]
-    return {"ttft_ms": median_p90(ttft, 1000, 1), "tpot_ms": median_p90(tpot, 1000, 2)}
-
-
-# --- one engine in its own process ----------------------------------------------------------------------
-
-
-CACHE = Path(tempfile.gettempdir()) / "rosellm-bench-cache"
+def stamp(workload: str, args, machine: dict, settings: dict) -> dict:
+    """The head of every result file."""
+    return {
+        "workload": workload,
+        "command": command_line(),
+        "date": datetime.date.today().isoformat(),
+        "quick": args.quick,
+        "model": args.model or SMOLLM2,
+        "machine": machine,
+        "settings": settings,
+    }
 
 
-def run_worker(task: str, spec: dict, label: str, resume: bool = False, keep: bool = True) -> dict:
-    """Run `benchmarks.worker` TASK in a fresh Python process and return its result.
-
-    A fresh process per engine makes its peak memory its own and keeps one engine's allocator state (and
-    thread pools) from slowing the next. The child's progress bars go to this terminal.
-
-    Every finished engine's result is also kept in CACHE, keyed by the task and its exact spec: with
-    `resume`, a run that was interrupted (a long offline-cpu on a shared machine) picks up the engines that
-    had already finished instead of measuring them again. Only for the same code. `keep=False` (quick
-    runs) leaves the cache alone."""
-    key = hashlib.sha256(json.dumps([task, spec], sort_keys=True).encode()).hexdigest()[:20]
-    cached = CACHE / f"{task}-{key}.json"
-    if resume and cached.is_file():
-        print(f"--- {label}: reusing the result of an interrupted run ({cached})", flush=True)
-        return json.loads(cached.read_text()) | {"reused_from": str(cached)}
-    result = run_worker_process(task, spec, label)
-    if keep and "error" not in result:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps(result))
+def finish(
+    result: dict, other: OtherLoad, started: float, json_path: Path, figures: list[Path], draw, report, wrong: str
+) -> dict:
+    """Stamp a run with the CPU other processes used and its wall time, write its JSON, draw its figures, print
+    its report; exit with status 1 if an engine it vouches for gave wrong tokens (`wrong` says which)."""
+    result["other_processes_cpu_share"] = result["machine"]["other_processes_cpu_share"] = other.share
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    result["figures"] = [repo_path(path) for path in figures]
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    draw(result)
+    report(result)
+    print(f"wrote {json_path} and {', '.join(result['figures'])} ({result['wall_s']} s)")
+    if other.share and other.share > 0.05:
+        print(f"warning: other processes used {other.share:.0%} of the CPU during the run; the timings are disturbed")
+    if not result["correct"]:
+        print(f"ERROR: {wrong}", file=sys.stderr)
+        raise SystemExit(1)
     return result
-
-
-def run_worker_process(task: str, spec: dict, label: str) -> dict:
-    with tempfile.TemporaryDirectory(prefix="rosellm-bench-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_path.write_text(json.dumps(spec))
-        print(f"--- {label}", flush=True)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        start = time.perf_counter()
-        with OtherLoad() as other:
-            done = subprocess.run([sys.executable, "-m", "benchmarks.worker", task, str(spec_path), str(out_path)],
-                                  cwd=ROOT, env=env)
-        if done.returncode != 0 or not out_path.is_file():
-            return {"error": f"the {task} worker exited with status {done.returncode}",
-                    "other_processes_cpu_share": other.share}
-        result = json.loads(out_path.read_text())
-    result["process_wall_s"] = round(time.perf_counter() - start, 1)
-    result["other_processes_cpu_share"] = other.share
-    return result
-
-
-# --- output ---------------------------------------------------------------------------------------------
-
-
-def describe_machine(device: str = "cpu", threads: int | None = None) -> dict:
-    """machine.machine_info, after setting torch's thread count to what the engines will use."""
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    info = machine_info(device)
-    try:
-        import torch
-
-        info["cuda_available"] = torch.cuda.is_available()
-        if torch.cuda.is_available() and "gpu" not in info:
-            info["gpu"] = torch.cuda.get_device_name(0)
-    except Exception:  # a description must never fail a run
-        pass
-    return info
-
-
-def print_machine(machine: dict, rates: dict | None = None) -> None:
-    line = (f"machine: {machine['cpu']}, {machine['cpu_cores']} cores ({machine.get('cpu_cores_usable')} usable), "
-            f"torch {machine['torch']} with {machine['torch_threads']} threads, device {machine['device']}")
-    if machine.get("gpu"):
-        line += f", GPU {machine['gpu']}"
-    print(line)
-    if rates:
-        gemm = rates["gemm"]
-        print(f"measured: {gemm['dtype']} GEMM {gemm['flops_best'] / 1e9:.1f} GFLOP/s (n={gemm['n']}, best of "
-              f"{rates['gemm']['repeats']}; median {rates['gemm']['flops_median'] / 1e9:.1f}), memory bandwidth "
-              f"{rates['bandwidth']['bytes_per_s_best'] / 1e9:.1f} GB/s (copy of {rates['bandwidth']['mib']} MiB); "
-              f"other processes used {share_text(rates['other_processes_cpu_share'])} of the CPU meanwhile")
-
-
-def share_text(share: float | None) -> str:
-    return "?" if share is None else f"{share:.0%}"
-
-
-def print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
-    """A plain text table: columns are (key, heading); missing values print as '-'."""
-    def cell(value) -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, float):
-            return f"{value:,.3g}" if abs(value) < 10 else f"{value:,.1f}"
-        return str(value)
-
-    cells = [[cell(row.get(key)) for key, _ in columns] for row in rows]
-    widths = [max([len(heading)] + [len(r[i]) for r in cells]) for i, (_, heading) in enumerate(columns)]
-    print("  ".join(heading.rjust(w) if i else heading.ljust(w)
-                    for i, ((_, heading), w) in enumerate(zip(columns, widths))))
-    print("  ".join("-" * w for w in widths))
-    for r in cells:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
-
-
-def write_json(result: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def repo_path(path: Path) -> str:
-    """A path relative to the repository when it is inside it (what result files record)."""
     try:
         return Path(path).resolve().relative_to(ROOT).as_posix()
     except ValueError:
         return str(path)
 
 
-def finish_run(result: dict, other_share: float | None, started: float, json_path: Path, figures: list[Path],
-               draw, report, wrong_engine: str) -> dict:
-    """Stamp a measured run (other processes' CPU share, wall time, figures), write its JSON, draw its figures
-    with `draw(result)`, print `report(result)`, and exit with an error if an engine's tokens were wrong."""
-    result["other_processes_cpu_share"] = other_share
-    result["machine"]["other_processes_cpu_share"] = other_share
-    result["wall_s"] = round(time.perf_counter() - started, 1)
-    result["figures"] = [repo_path(path) for path in figures]
-    write_json(result, json_path)
-    draw(result)
-    report(result)
-    print(f"wrote {json_path} and {', '.join(result['figures'])} ({result['wall_s']} s)")
-    warn_if_loaded(other_share)
-    if not result["correct"]:
-        print(f"ERROR: {wrong_engine}", file=sys.stderr)
-        raise SystemExit(1)
-    return result
+def print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    """A plain text table: columns are (key, heading); missing values print as '-'."""
+
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:,.3g}" if abs(value) < 10 else f"{value:,.1f}"
+        return "-" if value is None else str(value)
+
+    cells = [[cell(row.get(key)) for key, _ in columns] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, (_, h) in enumerate(columns)]
+    for line in [[h for _, h in columns], ["-" * w for w in widths], *cells]:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))))
 
 
-def warn_if_loaded(share: float | None) -> None:
-    if share is not None and share > 0.05:
-        print(f"warning: other processes used {share:.0%} of the CPU during the run; the timings are disturbed "
-              f"(recorded in the result)")
+def figure_axes(rows: int, cols: int, size: tuple[float, float]):
+    """A matplotlib figure (Agg) with a grid of axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(rows, cols, figsize=size, squeeze=False)
+
+
+def save_figure(fig, path: Path, caption: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(caption, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def caption(result: dict) -> str:
+    m = result["machine"]
+    other = m.get("other_processes_cpu_share")
+    return (
+        f"{result['model']}; {m['cpu']}, {m['torch_threads']} torch threads; other processes used "
+        f"{'?' if other is None else f'{other:.0%}'} of the CPU"
+    )
+
+
+# --- the chapter workloads: a checkpoint's public `LLM.generate`, in this process ----------------------------
+
+
+def timed_generate(module, llm, prompts: list[list[int]], max_tokens: int | list[int]) -> tuple[float, list]:
+    """(seconds, outputs) of one greedy, EOS-ignoring `generate` with a checkpoint `module`'s own `LLM`."""
+    counts = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    params = [module.SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in counts]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert [len(o.token_ids) for o in outputs] == counts, "a request stopped early"
+    return elapsed, outputs
+
+
+def checkpoint_record(name: str, module, llm) -> dict:
+    """Which checkpoint a chapter workload measured, and in which dtype."""
+    dtype = str(next(llm.model.parameters()).dtype).removeprefix("torch.")
+    return {"checkpoint": name, "chapter": module.__chapter__, "dtype": dtype}
+
+
+def chapter_run(args, workload: str, measure, json_name: str, figure_name: str, plot) -> dict:
+    """A chapter workload: `measure(settings)` in this process, then the result file and figure."""
+    started = time.perf_counter()
+    machine = describe_machine("cpu", args.threads)
+    with OtherLoad() as other:
+        result = measure()
+    result = stamp(workload, args, machine, result.pop("settings")) | result
+    json_path, figure = output_paths(args, json_name, figure_name)
+    return finish(
+        result | {"correct": result.get("correct", True)},
+        other,
+        started,
+        json_path,
+        [figure],
+        lambda r: plot(r, figure),
+        lambda r: None,
+        f"{workload}: the engines' tokens disagree",
+    )

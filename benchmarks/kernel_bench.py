@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from .machine import machine_info
+from .harness import describe_machine
 
 HELP = "paged decode attention: Triton kernel vs PyTorch reference vs dense SDPA (needs CUDA)"
 CHAPTER = 6
@@ -85,8 +85,9 @@ def measure_one(batch: int, context: int, args, device, timer) -> dict:
     row = {"batch": batch, "context": context, "num_splits": splits}
     runs = {
         "triton": lambda: kernels.paged_decode_attention(query, key_cache, value_cache, seq_lens, tables, context),
-        "triton-1split": lambda: kernels.paged_decode_attention(query, key_cache, value_cache, seq_lens, tables,
-                                                                context, num_splits=1),
+        "triton-1split": lambda: kernels.paged_decode_attention(
+            query, key_cache, value_cache, seq_lens, tables, context, num_splits=1
+        ),
         "torch-ref": lambda: paged_attention.paged_attention(query, key_cache, value_cache, metadata),
     }
     try:
@@ -116,8 +117,11 @@ def cell(value, spec: str) -> str:
 
 
 def print_header() -> None:
-    print(f"{'batch':>6} {'context':>8} {'splits':>6} " + " ".join(f"{m:>14}" for m in METHODS)
-          + f" {'triton GB/s':>12} {'max |diff|':>11}")
+    print(
+        f"{'batch':>6} {'context':>8} {'splits':>6} "
+        + " ".join(f"{m:>14}" for m in METHODS)
+        + f" {'triton GB/s':>12} {'max |diff|':>11}"
+    )
 
 
 def print_row(row: dict) -> None:
@@ -131,8 +135,10 @@ def run(args) -> dict:
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("kernel_bench measures GPU kernels and needs a CUDA device; none was found. "
-                 "(On a CPU, Triton's interpreter runs the kernels correctly but its timings mean nothing.)")
+        sys.exit(
+            "kernel_bench measures GPU kernels and needs a CUDA device; none was found. "
+            "(On a CPU, Triton's interpreter runs the kernels correctly but its timings mean nothing.)"
+        )
     import triton
 
     device = torch.device("cuda")
@@ -140,8 +146,10 @@ def run(args) -> dict:
     def timer(fn) -> float:
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
-    print(f"ms per decode attention call, {args.num_heads} query / {args.num_kv_heads} KV heads, head_dim "
-          f"{args.head_dim}, {args.dtype}, block size {args.block_size}, on {torch.cuda.get_device_name()}")
+    print(
+        f"ms per decode attention call, {args.num_heads} query / {args.num_kv_heads} KV heads, head_dim "
+        f"{args.head_dim}, {args.dtype}, block size {args.block_size}, on {torch.cuda.get_device_name()}"
+    )
     print_header()
     rows = []
     for batch in args.batches:
@@ -151,7 +159,7 @@ def run(args) -> dict:
     result = {
         "benchmark": "kernel-bench",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_info("cuda"),
+        "machine": describe_machine("cuda"),
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "run"},
         "unit": "milliseconds (median of triton.testing.do_bench)",
         "rows": rows,
@@ -163,8 +171,11 @@ def run(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.kernel_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     run(parser.parse_args(argv))
 

@@ -63,8 +63,9 @@ def recording(kernels, launches: list):
         yield
 
 
-def recorded_launches(checkpoint, dtype_name: str, num_heads: int, num_kv_heads: int, head_dim: int,
-                      context: int) -> list:
+def recorded_launches(
+    checkpoint, dtype_name: str, num_heads: int, num_kv_heads: int, head_dim: int, context: int
+) -> list:
     """(kernel, args, kwargs) of each launch the three launchers make on CPU tensors: storing and attending
     a prefill of two short prompts, and a decode step whose longest sequence has `context` tokens."""
     import torch
@@ -82,10 +83,16 @@ def recorded_launches(checkpoint, dtype_name: str, num_heads: int, num_kv_heads:
     launches = []
     with recording(kernels, launches):
         kernels.store_kv(new_kv, new_kv, key_cache, value_cache, prefill.slot_mapping)
-        kernels.paged_prefill_attention(query, key_cache, value_cache, prefill.query_start_loc, prefill.seq_lens,
-                                        prefill.block_tables, prefill.max_query_len)
-        kernels.paged_decode_attention(query[:2], key_cache, value_cache, decode.seq_lens, decode.block_tables,
-                                       context)
+        kernels.paged_prefill_attention(
+            query,
+            key_cache,
+            value_cache,
+            prefill.query_start_loc,
+            prefill.seq_lens,
+            prefill.block_tables,
+            prefill.max_query_len,
+        )
+        kernels.paged_decode_attention(query[:2], key_cache, value_cache, decode.seq_lens, decode.block_tables, context)
     return launches
 
 
@@ -98,8 +105,9 @@ def compile_source(kernel, args: tuple, kwargs: dict):
     from triton.runtime.jit import JITFunction, native_specialize_impl
 
     if not isinstance(kernel, JITFunction):
-        raise TypeError(f"{kernel.__name__} is not compiled but interpreted: it was imported while "
-                        "TRITON_INTERPRET was set")
+        raise TypeError(
+            f"{kernel.__name__} is not compiled but interpreted: it was imported while TRITON_INTERPRET was set"
+        )
     signature, constexprs, attrs = {}, {}, {}
     for index, (name, value) in enumerate(zip(kernel.arg_names, args)):
         kind, specialization = native_specialize_impl(BaseBackend, value, False, True, True)
@@ -124,8 +132,12 @@ def resource_usage(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
-        report = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", file.name],
-                                capture_output=True, text=True, check=True).stdout
+        report = subprocess.run(
+            [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", file.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     usage = dict(re.findall(r"(REG|STACK):(\d+)", report))
     return {"registers": int(usage["REG"]), "stack_bytes": int(usage["STACK"])}
 
@@ -142,8 +154,9 @@ def compile_facts(checkpoint_name: str = "rosellm") -> list[dict]:
     for dtype in DTYPES:
         for num_heads, num_kv_heads, head_dim in SHAPES:
             for context in CONTEXTS:
-                for kernel, args, kwargs in recorded_launches(checkpoint, dtype, num_heads, num_kv_heads, head_dim,
-                                                              context):
+                for kernel, args, kwargs in recorded_launches(
+                    checkpoint, dtype, num_heads, num_kv_heads, head_dim, context
+                ):
                     configuration = (kernel.__name__, dtype, tuple(sorted(kwargs.items())))
                     chosen.setdefault(configuration, (dtype, head_dim, kernel, args, kwargs))
     rows = []
@@ -153,20 +166,31 @@ def compile_facts(checkpoint_name: str = "rosellm") -> list[dict]:
             raise ValueError(f"the launcher of {kernel.__name__} must choose its num_warps and num_stages")
         for arch in ARCHS:
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-            rows.append({
-                "kernel": kernel.__name__, "arch": f"sm_{arch}", "dtype": dtype, "head_dim": head_dim,
-                "constexprs": {name: value for name, value in kwargs.items() if name in kernel.arg_names},
-                "intended": {name: options[name] for name in ("num_warps", "num_stages")},
-                "num_warps": compiled.metadata.num_warps, "num_stages": compiled.metadata.num_stages,
-                "shared_bytes": compiled.metadata.shared, **resource_usage(compiled.asm["cubin"]),
-                "ptx_bytes": len(compiled.asm["ptx"]), "cubin_bytes": len(compiled.asm["cubin"]),
-            })
+            rows.append(
+                {
+                    "kernel": kernel.__name__,
+                    "arch": f"sm_{arch}",
+                    "dtype": dtype,
+                    "head_dim": head_dim,
+                    "constexprs": {name: value for name, value in kwargs.items() if name in kernel.arg_names},
+                    "intended": {name: options[name] for name in ("num_warps", "num_stages")},
+                    "num_warps": compiled.metadata.num_warps,
+                    "num_stages": compiled.metadata.num_stages,
+                    "shared_bytes": compiled.metadata.shared,
+                    **resource_usage(compiled.asm["cubin"]),
+                    "ptx_bytes": len(compiled.asm["ptx"]),
+                    "cubin_bytes": len(compiled.asm["cubin"]),
+                }
+            )
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_compile", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.kernel_compile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--checkpoint", default="rosellm", help="the package whose kernels to compile")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "kernel_compile.json")
     args = parser.parse_args(argv)
@@ -174,8 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     import triton
 
     rows = compile_facts(args.checkpoint)
-    result = {"benchmark": "kernel-compile", "checkpoint": args.checkpoint, "triton": triton.__version__,
-              "rows": rows}
+    result = {"benchmark": "kernel-compile", "checkpoint": args.checkpoint, "triton": triton.__version__, "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{len(rows)} compiled kernels, written to {args.json}")

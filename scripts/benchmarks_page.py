@@ -23,8 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- results: ([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.DOTALL)
-FILES = {"offline-cpu": "offline_cpu.json", "latency-cpu": "latency_cpu.json", "chapters": "chapters.json",
-         "offline-gpu": "offline_gpu.json"}
+FILES = {
+    "offline-cpu": "offline_cpu.json",
+    "latency-cpu": "latency_cpu.json",
+    "chapters": "chapters.json",
+    "offline-gpu": "offline_gpu.json",
+}
 
 
 def load(workload: str) -> dict | None:
@@ -58,17 +62,24 @@ def figure_links(result: dict, alts: list[str]) -> str:
 
 def missing(workload: str) -> str:
     if workload == "offline-gpu":
-        return ("_Not measured: the machine these results come from has no GPU. On one with CUDA, run "
-                "`python -m benchmarks offline-gpu` and then `python scripts/benchmarks_page.py`._\n")
-    return f"_Not measured yet: run `python -m benchmarks {workload}` and then `python scripts/benchmarks_page.py`._\n"
+        return (
+            "_Not measured: the machine these results come from has no GPU. On one with CUDA, run "
+            "`python -m benchmarks offline-gpu` and then `python scripts/benchmarks_page.py`._\n"
+        )
+    return (
+        f"_Not measured yet: run `python -m benchmarks {workload} --peers vllm,llamacpp` (or `make bench-peers`) "
+        f"and then `python scripts/benchmarks_page.py`._\n"
+    )
 
 
 def run_line(result: dict) -> str:
     m = result["machine"]
-    return (f"Measured on {result['date']} with `{result['command']}` ({result['wall_s'] / 60:.0f} minutes in all): "
-            f"{m['cpu']}, {m['cpu_cores']} cores, torch {m['torch']} with {m['torch_threads']} thread"
-            f"{'s' if m['torch_threads'] != 1 else ''}; other processes used "
-            f"**{pct(result.get('other_processes_cpu_share'), 0)}** of the machine's CPU time meanwhile.\n")
+    return (
+        f"Measured on {result['date']} with `{result['command']}` ({result['wall_s'] / 60:.0f} minutes in all): "
+        f"{m['cpu']}, {m['cpu_cores']} cores, torch {m['torch']} with {m['torch_threads']} thread"
+        f"{'s' if m['torch_threads'] != 1 else ''}; other processes used "
+        f"**{pct(result.get('other_processes_cpu_share'), 0)}** of the machine's CPU time meanwhile.\n"
+    )
 
 
 # --- blocks ---------------------------------------------------------------------------------------------
@@ -85,40 +96,101 @@ def block_machine() -> str:
         roof = result["roofline"]
         gemm = ", ".join(f"{r['gemm']['flops_best'] / 1e9:.1f}" for r in roof["measurements"])
         bandwidth = ", ".join(f"{r['bandwidth']['bytes_per_s_best'] / 1e9:.1f}" for r in roof["measurements"])
-        rows.append([f"`{workload}`", result["date"], str(result["machine"]["torch_threads"]),
-                     f"{gemm} ({roof['measurements'][0]['gemm']['dtype']})", bandwidth,
-                     pct(result.get("other_processes_cpu_share"), 0)])
+        rows.append(
+            [
+                f"`{workload}`",
+                result["date"],
+                str(result["machine"]["torch_threads"]),
+                f"{gemm} ({roof['measurements'][0]['gemm']['dtype']})",
+                bandwidth,
+                pct(result.get("other_processes_cpu_share"), 0),
+            ]
+        )
     if described is None:
         return "_No results yet._\n"
     m = described
-    head = (f"**{m['cpu']}**, {m['cpu_cores']} cores ({m.get('cpu_cores_usable')} usable), {m['platform']}, "
-            f"Python {m['python']}, torch {m['torch']}" + (f", GPU {m['gpu']}" if m.get("gpu") else ", no GPU") +
-            ". Each run measures the machine again, before and after its engines (the better of the two makes its "
-            "roofline):\n\n")
-    return head + table(["workload", "date", "torch threads", "GEMM GFLOP/s (before, after)",
-                         "copy bandwidth GB/s (before, after)", "CPU used by other processes"], rows,
-                        "lcrrrr")
+    head = (
+        f"**{m['cpu']}**, {m['cpu_cores']} cores ({m.get('cpu_cores_usable')} usable), {m['platform']}, "
+        f"Python {m['python']}, torch {m['torch']}"
+        + (f", GPU {m['gpu']}" if m.get("gpu") else ", no GPU")
+        + ". Each run measures the machine again, before and after its engines (the better of the two makes its "
+        "roofline):\n\n"
+    )
+    return head + table(
+        [
+            "workload",
+            "date",
+            "torch threads",
+            "GEMM GFLOP/s (before, after)",
+            "copy bandwidth GB/s (before, after)",
+            "CPU used by other processes",
+        ],
+        rows,
+        "lcrrrr",
+    )
 
 
 def engine_rows(result: dict) -> list[list[str]]:
+    """One row per engine, peers included when the result has them; an engine that failed or failed its greedy
+    check shows why, never a speed."""
     rows = []
     for e in result["engines"]:
+        check = {True: "passed", False: "**FAILED**", None: "–"}[e.get("check_passed")]
         if "error" in e:
-            rows.append([e["label"], f"failed: {e['error']}"] + ["–"] * 7)
+            rows.append([e["label"], f"not timed: {e['error']}"] + ["–"] * 6 + [check])
             continue
         ratio = "1 (itself)" if e["engine"] == "rosellm" else f"**{e['rosellm_ratio']:.2f}x**"
-        check = {True: "passed", False: "**FAILED**", None: "–"}[e.get("check_passed")]
-        rows.append([e["label"], f"**{num(e['output_tokens_per_s'])}**", ratio,
-                     f"{num(e['ttft_ms']['median'] / 1000)} / {num(e['ttft_ms']['p90'] / 1000)}",
-                     f"{num(e['tpot_ms']['median'])} / {num(e['tpot_ms']['p90'])}",
-                     num(e.get("peak_rss_run_mib"), 0), pct(e["share_of_roofline_output"]),
-                     pct(e["share_of_roofline_work"]), check])
+        ttft, tpot = e["ttft_ms"], e["tpot_ms"]
+        rows.append(
+            [
+                e["label"],
+                f"**{num(e['output_tokens_per_s'])}**",
+                ratio,
+                "–" if ttft["median"] is None else f"{num(ttft['median'] / 1000)} / {num(ttft['p90'] / 1000)}",
+                f"{num(tpot['median'])} / {num(tpot['p90'])}",
+                num(e.get("peak_rss_run_mib"), 0),
+                pct(e["share_of_roofline_output"]),
+                pct(e["share_of_roofline_work"]),
+                check,
+            ]
+        )
     return rows
 
 
-ENGINE_HEADINGS = ["engine", "useful output tokens/s", "rosellm is", "TTFT s (median / p90)",
-                   "TPOT ms (median / p90)", "peak RSS MiB", "roofline share: output tokens",
-                   "roofline share: all work", "greedy check"]
+ENGINE_HEADINGS = [
+    "engine",
+    "useful output tokens/s",
+    "rosellm is",
+    "TTFT s (median / p90)",
+    "TPOT ms (median / p90)",
+    "peak RSS MiB",
+    "roofline share: output tokens",
+    "roofline share: all work",
+    "greedy check",
+]
+
+
+def peer_lines(result: dict) -> str:
+    """How each peer ran: its version, settings and load time (present only in runs with `--peers`)."""
+    peers = [e for e in result["engines"] if "version" in e]
+    if not peers:
+        return ""
+    lines = []
+    for e in peers:
+        settings = ", ".join(
+            f"`{k}={v}`" for k, v in (e.get("settings") or {}).items() if k not in ("model", "system_info")
+        )
+        env = (e.get("environment") or {}) | {"python": ""}
+        if env.get("LD_PRELOAD"):  # the libraries' names, not where this machine keeps them
+            env["LD_PRELOAD"] = ":".join(Path(lib).name for lib in env["LD_PRELOAD"].split(":"))
+        env = ", ".join(f"`{k}={v}`" for k, v in env.items() if k != "python")
+        load = f"loaded in {num(e['load_s'])} s (not timed)" if e.get("load_s") is not None else "not loaded"
+        lines.append(
+            f"- **{e['label']}** ({e['engine']} {e['version']}), {load}; {settings}"
+            + (f"; environment {env}" if env else "")
+            + "\n"
+        )
+    return "\nPeers, each in its own virtual environment on fp32 weights made from the same GGUF:\n\n" + "".join(lines)
 
 
 def block_offline(workload: str) -> str:
@@ -128,40 +200,65 @@ def block_offline(workload: str) -> str:
     roof, work, params = result["roofline"], result["work"], result["parameters"]
     s = result["settings"]
     out = [run_line(result), "\n"]
-    out.append(f"Workload: {work['requests']} requests, {work['prompt_tokens']:,} prompt tokens and "
-               f"{work['output_tokens']:,} useful output tokens; rosellm with `max_num_seqs={s.get('max_num_seqs')}`, "
-               f"{s.get('max_batch_tokens')} tokens per step, a KV pool that holds every request at once; transformers "
-               f"`generate` in static batches of {s.get('static_batch')}; transformers continuous batching with the "
-               f"same limits.\n\n")
-    out.append(table(ENGINE_HEADINGS, engine_rows(result), "lrrrrrrrc"))
+    out.append(
+        f"Workload: {work['requests']} requests, {work['prompt_tokens']:,} prompt tokens and "
+        f"{work['output_tokens']:,} useful output tokens; rosellm with `max_num_seqs={s.get('max_num_seqs')}`, "
+        f"{s.get('max_batch_tokens')} tokens per step, a KV pool that holds every request at once; transformers "
+        f"`generate` in static batches of {s.get('static_batch')}; transformers continuous batching with the "
+        f"same limits{'; the peers with the same limits' if s.get('peers') else ''}.\n\n"
+    )
+    out.append(table(ENGINE_HEADINGS, engine_rows(result), "lrrrrrrrc") + peer_lines(result))
     bound = work["output_tokens"] * roof["flop_per_token"] / work["dense_flop"]
-    out.append(f"\nCompute roofline: {roof['gemm_flops'] / 1e9:.1f} GFLOP/s / (2 × {params['roofline'] / 1e6:.1f} M "
-               f"weights) = **{roof['compute_tokens_per_s']:.0f} tokens/s**. The workload needs "
-               f"{work['dense_flop'] / 1e12:.2f} TFLOP of dense work (every prompt token through the decoder layers, "
-               f"the LM head once per output token) plus {work['attention_flop'] / 1e12:.2f} TFLOP of attention; since "
-               f"the prompts are {work['prompt_tokens'] / work['processed_tokens']:.0%} of the tokens processed, an "
-               f"engine running at 100% of the GEMM rate would still reach only **{bound:.0%}** on the output-token "
-               f"share.\n\n")
+    out.append(
+        f"\nCompute roofline: {roof['gemm_flops'] / 1e9:.1f} GFLOP/s / (2 × {params['roofline'] / 1e6:.1f} M "
+        f"weights) = **{roof['compute_tokens_per_s']:.0f} tokens/s**. The workload needs "
+        f"{work['dense_flop'] / 1e12:.2f} TFLOP of dense work (every prompt token through the decoder layers, "
+        f"the LM head once per output token) plus {work['attention_flop'] / 1e12:.2f} TFLOP of attention; since "
+        f"the prompts are {work['prompt_tokens'] / work['processed_tokens']:.0%} of the tokens processed, an "
+        f"engine running at 100% of the GEMM rate would still reach only **{bound:.0%}** on the output-token "
+        f"share.\n\n"
+    )
     if result.get("targets"):
         out.append("The project's targets for rosellm on this workload:\n\n")
-        out.append(table(["target", "status"],
-                         [[name, "met" if ok else "**not met**"] for name, ok in result["targets"].items()], "lc"))
+        out.append(
+            table(
+                ["target", "status"],
+                [[name, "met" if ok else "**not met**"] for name, ok in result["targets"].items()],
+                "lc",
+            )
+        )
         out.append("\n")
     agree = result.get("agreement") or {}
     if agree:
-        out.append("Greedy tokens identical to rosellm's over every request (not only the checked sample): " +
-                   "; ".join(f"{k.removeprefix('rosellm vs ')}: {v['identical_requests']} of {v['requests']}"
-                             for k, v in agree.items()) + ".\n\n")
+        out.append(
+            "Greedy tokens identical to rosellm's over every request (not only the checked sample): "
+            + "; ".join(
+                f"{k.removeprefix('rosellm vs ')}: {v['identical_requests']} of {v['requests']}"
+                for k, v in agree.items()
+            )
+            + ".\n\n"
+        )
     sweep = result.get("decode_sweep") or []
     if sweep:
-        out.append("Decode steps of rosellm alone, every sequence with a "
-                   f"{s.get('sweep_prompt_len', 128)}-token context (share of roofline against batch size):\n\n")
-        out.append(table(["batch size"] + [str(p["batch_size"]) for p in sweep],
-                         [["decode tokens/s"] + [num(p["tokens_per_s"], 0) for p in sweep],
-                          ["share of roofline"] + [pct(p["share_of_roofline"], 0) for p in sweep]]))
+        out.append(
+            "Decode steps of rosellm alone, every sequence with a "
+            f"{s.get('sweep_prompt_len', 128)}-token context (share of roofline against batch size):\n\n"
+        )
+        out.append(
+            table(
+                ["batch size"] + [str(p["batch_size"]) for p in sweep],
+                [
+                    ["decode tokens/s"] + [num(p["tokens_per_s"], 0) for p in sweep],
+                    ["share of roofline"] + [pct(p["share_of_roofline"], 0) for p in sweep],
+                ],
+            )
+        )
         out.append("\n")
-    out.append(figure_links(result, [f"{workload}: throughput and latency of each engine",
-                                     "share of the roofline against batch size"]))
+    out.append(
+        figure_links(
+            result, [f"{workload}: throughput and latency of each engine", "share of the roofline against batch size"]
+        )
+    )
     return "".join(out)
 
 
@@ -172,12 +269,15 @@ def block_profile() -> str:
     profile = result["profile"]
     parts = sorted(profile["parts"], key=lambda p: -p["seconds"])
     rows = [[f"`{p['part']}`", num(p["seconds"]), pct(p["share"]), num(p["ms_per_step"])] for p in parts]
-    top = ", ".join(f"**{p['part']}** ({pct(p['share'], 0)}, {num(p['ms_per_step'], 0)} ms per step)"
-                    for p in parts[:3])
-    return (f"A second rosellm run of the same workload with every part of `LLMEngine.step` timed: "
-            f"{profile['steps']} steps, {num(profile['step_total_s'])} s ({profile['tokens']:,} tokens). "
-            f"The three largest costs: {top}.\n\n" +
-            table(["part", "seconds", "share of step time", "ms per step"], rows))
+    top = ", ".join(
+        f"**{p['part']}** ({pct(p['share'], 0)}, {num(p['ms_per_step'], 0)} ms per step)" for p in parts[:3]
+    )
+    which = f"its first {profile['requests']} requests" if profile.get("requests") else "the same workload"
+    return (
+        f"A second rosellm run of {which} with every part of `LLMEngine.step` timed: "
+        f"{profile['steps']} steps, {num(profile['step_total_s'])} s ({profile['tokens']:,} tokens). "
+        f"The three largest costs: {top}.\n\n" + table(["part", "seconds", "share of step time", "ms per step"], rows)
+    )
 
 
 def block_latency() -> str:
@@ -185,26 +285,60 @@ def block_latency() -> str:
     if result is None:
         return missing("latency-cpu")
     roof, s = result["roofline"], result["settings"]
+    ours = next((e for e in result["engines"] if e["engine"] == "rosellm" and "error" not in e), None)
     rows = []
     for e in result["engines"]:
+        check = "passed" if e["check"]["passed"] else "**FAILED**"
         if "error" in e:
-            rows.append([e["engine"], f"failed: {e['error']}"] + ["–"] * 6)
+            rows.append([e["label"], f"not timed: {e['error']}"] + ["–"] * 5 + [check])
             continue
-        ratio = f"**{e['decode_ratio_vs_transformers']:.2f}x**" if "decode_ratio_vs_transformers" in e else "–"
-        rows.append([e["label"], f"**{num(e['decode_tokens_per_s'])}**", ratio, num(e["ttft_ms"], 0),
-                     num(e["tpot_ms"]), pct(e["share_of_bandwidth_roofline"]), num(e["peak_rss_run_mib"], 0),
-                     "passed" if e["check"]["passed"] else "**FAILED**"])
-    return (run_line(result) + "\n" +
-            f"One request, a {s['prompt_len']}-token prompt, {s['max_tokens']} output tokens, best of {s['repeats']} "
-            f"runs per engine.\n\n" +
-            table(["engine", "decode tokens/s", "rosellm vs transformers", "TTFT ms", "TPOT ms",
-                   "share of bandwidth roofline", "peak RSS MiB", "greedy check"], rows, "lrrrrrrc") +
-            f"\nBandwidth roofline: {roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s / "
-            f"{roof['weight_bytes'] / 1e6:.0f} MB of fp32 weights = **{roof['bandwidth_tokens_per_s']:.0f} tokens/s** "
-            f"(the KV cache, {result['kv_cache_bytes_at_end'] / 1e6:.0f} MB at the last step, comes on top). All "
-            f"{s['max_tokens']} tokens identical between the two engines: "
-            f"{'yes' if result.get('all_tokens_identical') else 'no'}.\n\n" +
-            figure_links(result, ["latency-cpu: decode speed and time to first token"]))
+        ratio = (
+            "1 (itself)"
+            if e is ours
+            else f"**{ours['decode_tokens_per_s'] / e['decode_tokens_per_s']:.2f}x**"
+            if ours
+            else "–"
+        )
+        rows.append(
+            [
+                e["label"],
+                f"**{num(e['decode_tokens_per_s'])}**",
+                ratio,
+                num(e["ttft_ms"], 0),
+                num(e["tpot_ms"]),
+                pct(e["share_of_bandwidth_roofline"]),
+                num(e["peak_rss_run_mib"], 0),
+                check,
+            ]
+        )
+    return (
+        run_line(result)
+        + "\n"
+        + f"One request, a {s['prompt_len']}-token prompt, {s['max_tokens']} output tokens; rosellm and transformers "
+        f"keep the best of {s['repeats']} runs.\n\n"
+        + table(
+            [
+                "engine",
+                "decode tokens/s",
+                "rosellm is",
+                "TTFT ms",
+                "TPOT ms",
+                "share of bandwidth roofline",
+                "peak RSS MiB",
+                "greedy check",
+            ],
+            rows,
+            "lrrrrrrc",
+        )
+        + f"\nBandwidth roofline: {roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s / "
+        f"{roof['weight_bytes'] / 1e6:.0f} MB of fp32 weights = **{roof['bandwidth_tokens_per_s']:.0f} tokens/s** "
+        f"(the KV cache, {result['kv_cache_bytes_at_end'] / 1e6:.0f} MB at the last step, comes on top). All "
+        f"{s['max_tokens']} tokens identical between rosellm and transformers: "
+        f"{'yes' if result.get('all_tokens_identical') else 'no'}.\n"
+        + peer_lines(result)
+        + "\n"
+        + figure_links(result, ["latency-cpu: decode speed and time to first token"])
+    )
 
 
 def block_chapters() -> str:
@@ -220,21 +354,50 @@ def block_chapters() -> str:
             continue
         name = r["slug"][3:].replace("_", " ")
         options = ", ".join(f"`{k}={v}`" for k, v in r["options"].items()) or "one request at a time"
-        rows.append([f"{anchor}{r['chapter']:02d} · {name}", options, f"**{num(r['output_tokens_per_s'])}**",
-                     f"{r['speedup_vs_first']:.1f}x", num(r["wall_s"]), num(r["peak_rss_run_mib"], 0),
-                     pct(r["share_of_roofline_output"]),
-                     "passed" if r["check"]["passed"] and r["identical_to_latest"] else "**FAILED**"])
-    return (run_line(result) + "\n" +
-            f"{s['requests']} requests, prompts of {s['prompt_len'][0]}–{s['prompt_len'][1]} random tokens, "
-            f"{s['max_tokens']} output tokens each, greedy; each checkpoint through its own `LLM.generate`.\n\n" +
-            table(["chapter", "options", "output tokens/s", "vs chapter 01", "seconds", "peak RSS MiB",
-                   "roofline share", "tokens = transformers and ch07"], rows, "llrrrrrc") + "\n" +
-            figure_links(result, ["output tokens/s of every chapter's checkpoint"]))
+        rows.append(
+            [
+                f"{anchor}{r['chapter']:02d} · {name}",
+                options,
+                f"**{num(r['output_tokens_per_s'])}**",
+                f"{r['speedup_vs_first']:.1f}x",
+                num(r["wall_s"]),
+                num(r["peak_rss_run_mib"], 0),
+                pct(r["share_of_roofline_output"]),
+                "passed" if r["check"]["passed"] and r["identical_to_latest"] else "**FAILED**",
+            ]
+        )
+    return (
+        run_line(result)
+        + "\n"
+        + f"{s['requests']} requests, prompts of {s['prompt_len'][0]}–{s['prompt_len'][1]} random tokens, "
+        f"{s['max_tokens']} output tokens each, greedy; each checkpoint through its own `LLM.generate`.\n\n"
+        + table(
+            [
+                "chapter",
+                "options",
+                "output tokens/s",
+                "vs chapter 01",
+                "seconds",
+                "peak RSS MiB",
+                "roofline share",
+                "tokens = transformers and ch07",
+            ],
+            rows,
+            "llrrrrrc",
+        )
+        + "\n"
+        + figure_links(result, ["output tokens/s of every chapter's checkpoint"])
+    )
 
 
-BLOCKS = {"machine": block_machine, "offline-cpu": lambda: block_offline("offline-cpu"),
-          "offline-cpu-profile": block_profile, "latency-cpu": block_latency, "chapters": block_chapters,
-          "offline-gpu": lambda: block_offline("offline-gpu")}
+BLOCKS = {
+    "machine": block_machine,
+    "offline-cpu": lambda: block_offline("offline-cpu"),
+    "offline-cpu-profile": block_profile,
+    "latency-cpu": block_latency,
+    "chapters": block_chapters,
+    "offline-gpu": lambda: block_offline("offline-gpu"),
+}
 
 
 def render(page: str) -> str:

@@ -53,17 +53,25 @@ def greedy(checkpoint):
 
 
 def seeded(checkpoint):
-    return lambda index, max_tokens: checkpoint.SamplingParams(temperature=0.9, top_p=0.95, max_tokens=max_tokens,
-                                                               ignore_eos=True, seed=100 + index)
+    return lambda index, max_tokens: checkpoint.SamplingParams(
+        temperature=0.9, top_p=0.95, max_tokens=max_tokens, ignore_eos=True, seed=100 + index
+    )
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("budget", BUDGETS)
-def test_greedy_tokens_equal_transformers_under_every_budget(checkpoint, tiny_model_dirs, tiny_hf_models, budget,
-                                                             block_size):
-    tokens, preemptions = run(checkpoint, tiny_model_dirs["gqa"], greedy(checkpoint),
-                              max_num_batched_tokens=budget, max_num_seqs=min(budget, 4), block_size=block_size,
-                              num_kv_blocks=pool_blocks(block_size))
+def test_greedy_tokens_equal_transformers_under_every_budget(
+    checkpoint, tiny_model_dirs, tiny_hf_models, budget, block_size
+):
+    tokens, preemptions = run(
+        checkpoint,
+        tiny_model_dirs["gqa"],
+        greedy(checkpoint),
+        max_num_batched_tokens=budget,
+        max_num_seqs=min(budget, 4),
+        block_size=block_size,
+        num_kv_blocks=pool_blocks(block_size),
+    )
     for index, (_, length, max_tokens) in enumerate(REQUESTS):
         assert tokens[str(index)] == hf_greedy(tiny_hf_models["gqa"], prompt(index, length), max_tokens), index
     if budget > 1 and (budget, block_size) != (2, 16):  # the first two outgrow the pool together (with one
@@ -75,22 +83,46 @@ def test_greedy_tokens_equal_transformers_under_every_budget(checkpoint, tiny_mo
 @pytest.mark.parametrize("budget", [1, 7, 64])
 def test_seeded_sampling_equals_the_run_without_chunking(checkpoint, tiny_model_dirs, budget, block_size):
     options = dict(block_size=block_size, num_kv_blocks=pool_blocks(block_size))
-    chunked, _ = run(checkpoint, tiny_model_dirs["gqa"], seeded(checkpoint), max_num_batched_tokens=budget,
-                     max_num_seqs=min(budget, 4), **options)
-    whole, _ = run(checkpoint, tiny_model_dirs["gqa"], seeded(checkpoint), enable_chunked_prefill=False,
-                   max_num_batched_tokens=128, max_num_seqs=4, **options)
+    chunked, _ = run(
+        checkpoint,
+        tiny_model_dirs["gqa"],
+        seeded(checkpoint),
+        max_num_batched_tokens=budget,
+        max_num_seqs=min(budget, 4),
+        **options,
+    )
+    whole, _ = run(
+        checkpoint,
+        tiny_model_dirs["gqa"],
+        seeded(checkpoint),
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=128,
+        max_num_seqs=4,
+        **options,
+    )
     assert chunked == whole
 
 
 def test_a_request_longer_than_the_budget_is_accepted_and_a_too_long_one_still_refused(checkpoint, tiny_model_dirs):
-    engine = checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), max_num_batched_tokens=8, max_num_seqs=2,
-                                  block_size=4, num_kv_blocks=30, max_model_len=128)
+    engine = checkpoint.LLMEngine(
+        str(tiny_model_dirs["gqa"]),
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        block_size=4,
+        num_kv_blocks=30,
+        max_model_len=128,
+    )
     engine.add_request("long", prompt(0, 100), checkpoint.SamplingParams(max_tokens=20))  # 13 steps of prefill
     with pytest.raises(ValueError, match="max_model_len=128"):
         engine.add_request("too long", prompt(1, 128), checkpoint.SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="num_kv_blocks=30"):
         engine.add_request("too big", prompt(1, 100), checkpoint.SamplingParams(max_tokens=22))  # 121 slots
-    without = checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), max_num_batched_tokens=8, max_num_seqs=2,
-                                   enable_chunked_prefill=False, max_model_len=128)
+    without = checkpoint.LLMEngine(
+        str(tiny_model_dirs["gqa"]),
+        max_num_batched_tokens=8,
+        max_num_seqs=2,
+        enable_chunked_prefill=False,
+        max_model_len=128,
+    )
     with pytest.raises(ValueError, match="max_num_batched_tokens=8"):
         without.add_request("long", prompt(0, 100), checkpoint.SamplingParams(max_tokens=20))

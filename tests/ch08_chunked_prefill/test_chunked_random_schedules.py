@@ -41,14 +41,26 @@ request = st.tuples(
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests=st.lists(request, min_size=1, max_size=6), num_kv_blocks=st.integers(8, 24),
-       max_num_seqs=st.integers(1, 4), budget=st.integers(1, 24), block_size=st.sampled_from([1, 2, 4]))
-def test_random_chunked_schedules(checkpoint, tiny_model_dirs, requests, num_kv_blocks, max_num_seqs, budget,
-                                  block_size):
+@given(
+    requests=st.lists(request, min_size=1, max_size=6),
+    num_kv_blocks=st.integers(8, 24),
+    max_num_seqs=st.integers(1, 4),
+    budget=st.integers(1, 24),
+    block_size=st.sampled_from([1, 2, 4]),
+)
+def test_random_chunked_schedules(
+    checkpoint, tiny_model_dirs, requests, num_kv_blocks, max_num_seqs, budget, block_size
+):
     model_dir = tiny_model_dirs["gqa"]
     max_num_seqs = min(max_num_seqs, budget)
-    engine = checkpoint.LLMEngine(str(model_dir), max_num_seqs=max_num_seqs, block_size=block_size,
-                                  num_kv_blocks=num_kv_blocks, max_num_batched_tokens=budget, watermark=0.0)
+    engine = checkpoint.LLMEngine(
+        str(model_dir),
+        max_num_seqs=max_num_seqs,
+        block_size=block_size,
+        num_kv_blocks=num_kv_blocks,
+        max_num_batched_tokens=budget,
+        watermark=0.0,
+    )
     schedule = engine.scheduler.schedule
 
     def checked_schedule():
@@ -82,4 +94,3 @@ def test_random_chunked_schedules(checkpoint, tiny_model_dirs, requests, num_kv_
     assert set(finished) == set(accepted) - aborted
     for request_id, tokens in finished.items():
         assert tokens == solo(checkpoint, model_dir, *accepted[request_id])
-

@@ -14,8 +14,11 @@ MODEL = "gqa"
 
 def run_chunked_table(checkpoint, model_dir, scenario: Scenario, table: dict[int, dict]) -> dict[str, list[int]]:
     engine = checkpoint.LLMEngine(
-        str(model_dir), max_num_seqs=scenario.max_num_seqs, block_size=scenario.block_size,
-        num_kv_blocks=scenario.num_kv_blocks, max_num_batched_tokens=scenario.max_num_batched_tokens,
+        str(model_dir),
+        max_num_seqs=scenario.max_num_seqs,
+        block_size=scenario.block_size,
+        num_kv_blocks=scenario.num_kv_blocks,
+        max_num_batched_tokens=scenario.max_num_batched_tokens,
         watermark=0.0,
     )
     plans, schedule = [], engine.scheduler.schedule
@@ -30,8 +33,9 @@ def run_chunked_table(checkpoint, model_dir, scenario: Scenario, table: dict[int
         step += 1
         for index, arrival in enumerate(scenario.arrival_steps):
             if arrival == step:
-                params = checkpoint.SamplingParams(temperature=0, max_tokens=scenario.max_tokens[index],
-                                                   ignore_eos=True)
+                params = checkpoint.SamplingParams(
+                    temperature=0, max_tokens=scenario.max_tokens[index], ignore_eos=True
+                )
                 engine.add_request(str(index), prompt_tokens(index, scenario.prompt_lens[index]), params)
         for request_id in scenario.aborts.get(step, []):
             assert engine.abort_request(request_id)
@@ -119,7 +123,8 @@ def test_abort_in_the_middle_of_a_prefill(checkpoint, tiny_model_dirs, tiny_hf_m
         3: dict(carried={"1": 3}, running=["1"], outputs=["1"], used_blocks=1),
         6: dict(carried={"1": 1}, finished=["1"], used_blocks=0),
     }
-    scenario = Scenario([30, 3], [3, 4], [1, 1], max_num_seqs=2, num_kv_blocks=16, max_num_batched_tokens=8,
-                        aborts={3: ["0"]})
+    scenario = Scenario(
+        [30, 3], [3, 4], [1, 1], max_num_seqs=2, num_kv_blocks=16, max_num_batched_tokens=8, aborts={3: ["0"]}
+    )
     results = run_chunked_table(checkpoint, tiny_model_dirs[MODEL], scenario, table)
     assert results == {"1": solo_tokens(tiny_hf_models, 1, 3, 4)}

@@ -14,9 +14,26 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_long_prompts_quick_writes_its_result_and_figure(tiny_model_dirs, tmp_path):
     json_path, figure = tmp_path / "result.json", tmp_path / "figure.png"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "long-prompts", "--quick", "--model", str(tiny_model_dirs["gqa"]),
-         "--threads", "1", "--json", str(json_path), "--figure", str(figure)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "long-prompts",
+            "--quick",
+            "--model",
+            str(tiny_model_dirs["gqa"]),
+            "--threads",
+            "1",
+            "--json",
+            str(json_path),
+            "--figure",
+            str(figure),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(json_path.read_text())
     assert figure.stat().st_size > 0

@@ -20,11 +20,18 @@ def test_chunks_starting_mid_sequence_equal_the_reference(checkpoint, dtype, blo
     computed = [2 * block_size, 2 * block_size + 3, 1, 29]
     chunk = [block_size, 7, 2 * block_size + 1, 1]
     seq_lens = [c + q for c, q in zip(computed, chunk)]
-    query, key_cache, value_cache, metadata = on_device(make_problem(
-        checkpoint, seq_lens, chunk, block_size, 6, 2, 64, dtype=dtype, seed=block_size))
+    query, key_cache, value_cache, metadata = on_device(
+        make_problem(checkpoint, seq_lens, chunk, block_size, 6, 2, 64, dtype=dtype, seed=block_size)
+    )
     out = kernels_of(checkpoint).paged_prefill_attention(
-        query, key_cache, value_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables,
-        metadata.max_query_len)
+        query,
+        key_cache,
+        value_cache,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_tables,
+        metadata.max_query_len,
+    )
     torch.testing.assert_close(out, reference(checkpoint, query, key_cache, value_cache, metadata), **TOLERANCE[dtype])
 
 
@@ -33,7 +40,14 @@ def test_the_engine_on_triton_with_chunks_equals_torch(checkpoint, tiny_model_di
     params = checkpoint.SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     tokens = {}
     for backend in ("torch", "triton"):
-        llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), device=DEVICE, dtype=torch.float32, block_size=4,
-                             max_num_batched_tokens=8, max_num_seqs=3, attention_backend=backend)
+        llm = checkpoint.LLM(
+            str(tiny_model_dirs["gqa"]),
+            device=DEVICE,
+            dtype=torch.float32,
+            block_size=4,
+            max_num_batched_tokens=8,
+            max_num_seqs=3,
+            attention_backend=backend,
+        )
         tokens[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens["triton"] == tokens["torch"]

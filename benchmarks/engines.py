@@ -1,0 +1,375 @@
+"""One engine on one list of requests, in a process of its own: `python -m benchmarks.engines TASK SPEC OUT`.
+
+SPEC is a JSON file (model, threads, requests as [prompt ids, max_tokens], warm-up requests, options); the
+result goes to the JSON file OUT. Only the generation is timed: the model is loaded and warmed up first,
+then every request is submitted at t = 0. Every request is greedy with EOS ignored.
+
+  rosellm        rosellm's `LLMEngine` stepped by hand (each request's first and last token timestamped);
+                 optionally a decode sweep over batch sizes and a `torch.profiler` profile of a run
+  hf-generate    transformers `generate` in static batches, left-padded; its one-at-a-time tokens for a
+                 sample of requests are the reference every engine is checked against
+  hf-continuous  transformers' continuous batching (the manager behind `generate_batch`)
+  checkpoint     one chapter checkpoint's `LLM.generate`
+"""
+
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+
+class PeakMemory:
+    """The resident-set peak (MiB) of a timed section: the kernel's high-water mark is reset at the start."""
+
+    def __enter__(self):
+        try:
+            self.reset = Path("/proc/self/clear_refs").write_text("5") > 0
+        except OSError:  # not Linux, or not allowed: no peak
+            self.reset = False
+        return self
+
+    def __exit__(self, *exc):
+        status = Path("/proc/self/status").read_text() if self.reset else ""
+        self.peak = round(int(status.split("VmHWM:")[1].split()[0]) / 1024, 1) if self.reset else None
+
+    def as_dict(self) -> dict:
+        return {"peak_rss_run_mib": self.peak, "peak_is_of_run": self.reset}
+
+
+def load_timed(make):
+    start = time.perf_counter()
+    return make(), round(time.perf_counter() - start, 2)
+
+
+def timed_run(requests: list, desc: str, submit, advance) -> dict:
+    """Submit every request at t = 0 with `submit(i, prompt, max_tokens)`, then call `advance()` (which
+    returns (index, token ids, finished) for each request that got a token) until all are done."""
+    n = len(requests)
+    first, last, tokens = [None] * n, [None] * n, [None] * n
+    steps = 0
+    with PeakMemory() as memory, tqdm(total=n, desc=desc, unit="req") as bar:
+        start = time.perf_counter()
+        for i, (prompt, max_tokens) in enumerate(requests):
+            submit(i, prompt, max_tokens)
+        while None in tokens:
+            advanced = advance()
+            now = time.perf_counter() - start
+            steps += 1
+            for i, token_ids, finished in advanced:
+                first[i] = now if first[i] is None else first[i]
+                if finished:
+                    last[i], tokens[i] = now, list(token_ids)
+            bar.update(sum(finished for _, _, finished in advanced))
+    return {
+        "wall_s": max(last),
+        "steps": steps,
+        "first_token_s": first,
+        "last_token_s": last,
+        "tokens": tokens,
+        "memory": memory.as_dict(),
+        "t0": start,
+    }
+
+
+# --- rosellm ---------------------------------------------------------------------------------------------
+
+
+def rosellm_run(engine, requests: list, desc: str, prefix: str) -> dict:
+    from rosellm import SamplingParams
+
+    def submit(i, prompt, max_tokens):
+        engine.add_request(
+            f"{prefix}{i}", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        )
+
+    def advance():
+        return [(int(o.request_id.removeprefix(prefix)), o.token_ids, o.finished) for o in engine.step()]
+
+    run = timed_run(requests, desc, submit, advance)
+    del run["t0"]
+    return run
+
+
+def decode_sweep(engine, batch_sizes: list[int], prompt_len: int, steps: int, vocab_size: int) -> list[dict]:
+    """Decode tokens/s at each batch size b: b requests are prefilled (untimed), then `steps` steps timed."""
+    from rosellm import SamplingParams
+
+    from .harness import random_requests
+
+    points = []
+    for b in batch_sizes:
+        # room for the decode steps the first prompts make while later ones prefill: none finishes while timed
+        params = SamplingParams(temperature=0.0, max_tokens=2 * steps + b + 2, ignore_eos=True)
+        ids = [f"sweep-{b}-{i}" for i in range(b)]
+        for request_id, (prompt, _) in zip(ids, random_requests(b, [prompt_len] * 2, [1, 1], vocab_size, b)):
+            engine.add_request(request_id, prompt, params)
+        while engine.scheduler.waiting:
+            engine.step()
+        start = time.perf_counter()
+        produced = sum(len(engine.step()) for _ in range(steps))
+        elapsed = time.perf_counter() - start
+        for request_id in ids:
+            engine.abort_request(request_id)
+        tokens_per_s = round(produced / elapsed, 2)
+        points.append(dict(batch_size=b, decode_steps=steps, tokens=produced, seconds=round(elapsed, 4)))
+        points[-1]["tokens_per_s"] = tokens_per_s
+    return points
+
+
+GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
+ATTENTION = ("scaled_dot_product", "index", "gather", "scatter")  # SDPA and the paged KV reads and writes
+PHASES = ("schedule", "forward", "lm_head", "sample", "commit")
+
+
+def profile_run(engine, requests: list) -> dict:
+    """Where the time of `LLMEngine.step` goes, from `torch.profiler`: the engine's own labels give its phases
+    (rosellm.schedule, .forward, .lm_head, .sample, .commit); the outermost aten ops inside the forward,
+    grouped by name, split it into GEMM, attention (SDPA, KV gathers and stores) and the rest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        run = rosellm_run(engine, requests, "rosellm (profiled)", "profile-")
+        total = time.perf_counter() - start
+    seconds = dict.fromkeys(("gemm", "attention", *PHASES), 0.0)
+    for event in prof.events():
+        name, parent = event.name, event.cpu_parent
+        if name.startswith("rosellm.") and name[8:] in PHASES:
+            seconds[name[8:]] += event.cpu_time_total / 1e6
+        elif name.startswith("aten::") and parent is not None and parent.name == "rosellm.forward":
+            kind = "gemm" if name in GEMM else "attention" if any(a in name for a in ATTENTION) else None
+            if kind:
+                seconds[kind] += event.cpu_time_total / 1e6
+    forward = seconds["forward"] - seconds["gemm"] - seconds["attention"]
+    parts = {key: seconds[key] for key in ("gemm", "attention")} | {"other_model": forward}
+    parts |= {key: seconds[key] for key in ("lm_head", "schedule", "sample", "commit")}
+    parts["python_rest"] = total - sum(seconds[key] for key in PHASES)
+    steps = run["steps"]
+    rows = [
+        dict(
+            part=key, seconds=round(value, 3), share=round(value / total, 4), ms_per_step=round(1000 * value / steps, 3)
+        )
+        for key, value in parts.items()
+    ]
+    out = dict(steps=steps, step_total_s=round(total, 3), wall_s=round(run["wall_s"], 2), requests=len(requests))
+    return out | dict(tokens=sum(len(t) for t in run["tokens"]), parts=rows, legend=profile_run.__doc__)
+
+
+def task_rosellm(spec: dict) -> dict:
+    import rosellm
+
+    dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else None
+    engine, load_s = load_timed(
+        lambda: rosellm.LLMEngine(
+            model=spec.get("model"), device=spec.get("device", "cpu"), dtype=dtype, **spec.get("engine_options", {})
+        )
+    )
+    rosellm_run(engine, spec["warmup"], "rosellm warm-up", "warmup-")
+    runs = [rosellm_run(engine, spec["requests"], "rosellm", f"r{k}-") for k in range(spec.get("repeats", 1))]
+    result = {
+        "engine": "rosellm",
+        "load_s": load_s,
+        **min(runs, key=lambda r: r["wall_s"]),
+        "repeat_walls_s": [round(r["wall_s"], 3) for r in runs],
+    }
+    if spec.get("sweep"):
+        sweep = spec["sweep"]
+        result["decode_sweep"] = decode_sweep(
+            engine, sweep["batch_sizes"], sweep["prompt_len"], sweep["steps"], engine.model.config.vocab_size
+        )
+    if spec.get("profile_requests"):
+        result["profile"] = profile_run(engine, spec["profile_requests"])
+    return result
+
+
+# --- transformers ---------------------------------------------------------------------------------------
+
+
+def load_hf(spec: dict):
+    """transformers' own model for the same weights: the GGUF file read by transformers, or the HF folder."""
+    from transformers import AutoModelForCausalLM
+
+    from rosellm.loader import bundled_model_path
+
+    device = spec.get("device", "cpu")
+    dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else torch.float32
+    path = bundled_model_path() if spec.get("model") is None else Path(spec["model"])
+    if path.suffix == ".gguf":
+        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    hf = hf.to(device).eval()
+    hf.generation_config.eos_token_id = None  # EOS ignored: every request runs to its max_tokens
+    eos = hf.config.eos_token_id
+    pad = hf.config.pad_token_id
+    hf.generation_config.pad_token_id = pad if pad is not None else (eos[0] if isinstance(eos, list) else eos) or 0
+    return hf
+
+
+def hf_generate_batch(hf, prompts: list[list[int]], max_new_tokens: int) -> tuple[list, list[float]]:
+    """Greedy `generate` of one left-padded static batch: (new tokens per row, the time each step's token
+    was known: a logits processor notes it right after the forward)."""
+    from transformers import LogitsProcessorList
+
+    stamps = []
+    width, pad = max(len(p) for p in prompts), hf.generation_config.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=hf.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
+    with torch.inference_mode():
+        out = hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([lambda _, s: stamps.append(time.perf_counter()) or s]),
+        )
+    if hf.device.type == "cuda":
+        torch.cuda.synchronize()
+    return out[:, width:].tolist(), stamps
+
+
+def task_hf_generate(spec: dict) -> dict:
+    hf, load_s = load_timed(lambda: load_hf(spec))
+    requests, size = spec["requests"], spec["batch_size"]
+    result = dict(engine="transformers generate", load_s=load_s, batch_size=size)
+    result["attn_implementation"] = hf.config._attn_implementation
+    result["reference"] = {
+        str(i): hf_generate_batch(hf, [requests[i][0]], min(spec["reference_tokens"], requests[i][1]))[0][0]
+        for i in spec.get("reference_sample", [])
+    }
+    for prompt, max_tokens in spec["warmup"]:
+        hf_generate_batch(hf, [prompt], max_tokens)
+    if spec.get("reference_only"):
+        return result
+    runs = [static_batches(hf, requests, size) for _ in range(spec.get("repeats", 1))]
+    return result | min(runs, key=lambda r: r["wall_s"]) | {"repeat_walls_s": [round(r["wall_s"], 3) for r in runs]}
+
+
+def static_batches(hf, requests: list, size: int) -> dict:
+    """Every request submitted at t = 0, served in static batches of `size` in order. A request's last token
+    is the step of its own last useful token; it is returned only with its batch's longest."""
+    n = len(requests)
+    first, last, returned, tokens = [None] * n, [None] * n, [None] * n, [None] * n
+    padded = 0  # token positions the batches ran, padding included
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        for lo in tqdm(range(0, n, size), desc=f"transformers generate (batches of {size})", unit="batch"):
+            batch = requests[lo : lo + size]
+            longest = max(m for _, m in batch)
+            new, stamps = hf_generate_batch(hf, [p for p, _ in batch], longest)
+            done = time.perf_counter() - start
+            padded += len(batch) * (max(len(p) for p, _ in batch) + longest)
+            for j, (_, m) in enumerate(batch):
+                first[lo + j], last[lo + j] = stamps[0] - start, stamps[m - 1] - start
+                returned[lo + j], tokens[lo + j] = done, new[j][:m]
+    return {
+        "wall_s": max(returned),
+        "first_token_s": first,
+        "last_token_s": last,
+        "returned_s": returned,
+        "tokens": tokens,
+        "padded_token_positions": padded,
+        "memory": memory.as_dict(),
+    }
+
+
+def task_hf_continuous(spec: dict) -> dict:
+    """transformers' continuous batching through its manager, so that each request keeps its own
+    max_new_tokens (`generate_batch` takes one for all)."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    hf, load_s = load_timed(lambda: load_hf(spec))
+    options = spec.get("cb_options", {})
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max(m for _, m in spec["requests"]),
+        eos_token_id=-1,
+        pad_token_id=hf.generation_config.pad_token_id,
+    )
+
+    def session(requests: list, desc: str) -> dict:
+        stamps = {}
+        with hf.continuous_batching_context_manager(
+            generation_config=config,
+            block=True,
+            timeout=30,
+            continuous_batching_config=ContinuousBatchingConfig(**options),
+        ) as manager:
+
+            def submit(i, prompt, max_tokens):
+                manager.add_request(
+                    prompt, request_id=str(i), max_new_tokens=max_tokens, eos_token_id=-1, record_timestamps=True
+                )
+
+            def advance():
+                output = manager.get_result(timeout=1)
+                if output is None and not manager.is_running():
+                    raise RuntimeError("transformers' continuous-batching thread stopped")
+                if output is None or not output.is_finished():
+                    return []
+                if output.error is not None:
+                    raise RuntimeError(f"request {output.request_id} failed: {output.error}")
+                stamps[int(output.request_id)] = output.timestamps
+                return [(int(output.request_id), output.generated_tokens, True)]
+
+            run = timed_run(requests, desc, submit, advance)
+        t0 = run.pop("t0")  # the manager stamps every token: first and last come from its stamps
+        run["first_token_s"] = [stamps[i][0] - t0 if stamps[i] else None for i in range(len(requests))]
+        run["last_token_s"] = [
+            stamps[i][-1] - t0 if stamps[i] else run["last_token_s"][i] for i in range(len(requests))
+        ]
+        return run
+
+    session(spec["warmup"], "warm-up")
+    run = session(spec["requests"], "transformers continuous batching")
+    return {"engine": "transformers continuous batching", "load_s": load_s, "cb_options": options, **run}
+
+
+# --- chapters -------------------------------------------------------------------------------------------
+
+
+def task_checkpoint(spec: dict) -> dict:
+    """One chapter checkpoint through its public `LLM.generate` only, so that every chapter runs the same."""
+    engine = importlib.import_module(spec["checkpoint"])
+    llm, load_s = load_timed(lambda: engine.LLM(model=spec.get("model"), **spec.get("options", {})))
+
+    def generate(requests):
+        params = [engine.SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for _, m in requests]
+        return llm.generate([p for p, _ in requests], params, use_tqdm=False)
+
+    generate(spec["warmup"])
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        outputs = generate(spec["requests"])
+        wall = time.perf_counter() - start
+    return {
+        "engine": spec["checkpoint"],
+        "chapter": engine.__chapter__,
+        "load_s": load_s,
+        "wall_s": wall,
+        "tokens": [list(o.token_ids) for o in outputs],
+        "memory": memory.as_dict(),
+    }
+
+
+TASKS = {
+    "rosellm": task_rosellm,
+    "hf-generate": task_hf_generate,
+    "hf-continuous": task_hf_continuous,
+    "checkpoint": task_checkpoint,
+}
+
+
+def main(task: str, spec_path: str, out_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    Path(out_path).write_text(json.dumps(TASKS[task](spec)))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,50 @@
+"""The protocol every peer's script speaks: `PYTHON peer_X.py SPEC OUT` in the peer's own virtual environment.
+
+SPEC (JSON): model (the weights this peer reads), threads, options, requests and warmup (lists of [prompt token
+ids, max_tokens]) and reference: {request index: transformers' greedy tokens}. OUT (JSON): engine, version,
+settings, load_s, check_tokens ({request index: the peer's tokens}) and, only when those equal the reference,
+the timed run: wall_s, first_token_s, last_token_s and tokens per request. Standard library only: the peers'
+environments have neither torch nor rosellm.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def serve(load, generate) -> None:
+    """`load(spec)` -> (engine, {"engine", "version", "settings"}); `generate(engine, requests)` -> {"wall_s",
+    "first_token_s", "last_token_s", "tokens"}, every request greedy, EOS ignored, all submitted at t = 0."""
+    spec_path, out_path = sys.argv[1:3]
+    spec = json.loads(Path(spec_path).read_text())
+    start = time.perf_counter()
+    engine, result = load(spec)
+    result["load_s"] = round(time.perf_counter() - start, 2)
+    keys = list(spec["reference"])
+    sample = [[spec["requests"][int(k)][0], len(spec["reference"][k])] for k in keys]
+    result["check_tokens"] = dict(zip(keys, generate(engine, sample)["tokens"]))
+    if result["check_tokens"] == spec["reference"]:
+        generate(engine, spec["warmup"])
+        result.update(generate(engine, spec["requests"]))
+    else:
+        result["skipped"] = "greedy tokens differ from transformers' on the checked sample: not timed"
+    Path(out_path).write_text(json.dumps(result))
+
+
+class Clock:
+    """Each request's first and last token times and its tokens, from t = 0 (the object's creation)."""
+
+    def __init__(self, count: int):
+        self.start = time.perf_counter()
+        self.first, self.last, self.tokens = [None] * count, [None] * count, [None] * count
+
+    def token(self, i: int, tokens: list[int] | None = None) -> None:
+        """Request i got a token; `tokens` is all of them when it finished."""
+        now = time.perf_counter() - self.start
+        self.first[i] = now if self.first[i] is None else self.first[i]
+        if tokens is not None:
+            self.last[i], self.tokens[i] = now, list(tokens)
+
+    def result(self) -> dict:
+        return {"wall_s": max(self.last), "first_token_s": self.first, "last_token_s": self.last, "tokens": self.tokens}

