@@ -7,6 +7,7 @@ A line of its own in a page
     <!-- measured: decode-scaling-pair OLD.json NEW.json -->   two checkpoints' cost per token, side by side
     <!-- measured: batch-throughput FILE.json -->              throughput against batch size
     <!-- measured: arrivals FILE.json -->                      chapter 05 against chapter 07 on arriving requests
+    <!-- measured: long-prompts FILE.json -->                  decode latency and long prompts' TTFT, chunking off / on
     <!-- measured: chapter-row NN -->                          chapter NN's row of the `chapters` workload
 
 is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
@@ -130,6 +131,29 @@ def block_arrivals(results: Path, name: str) -> str:
                   rows) + "\n" + run_line(result))
 
 
+def block_long_prompts(results: Path, name: str) -> str:
+    result = load(results, name)
+    s = result["settings"]
+    model = Path(s["model"]).name if s.get("model") else "SmolLM2-135M-Instruct"
+    arrivals = s["long_at"].split(",")
+    plural = "s" if len(arrivals) > 1 else ""
+    when = ", ".join(arrivals[:-1]) + " and " + arrivals[-1] if plural else arrivals[0]
+    ms = lambda v: f"{v:.0f}" if v >= 10 else f"{v:.1f}"  # noqa: E731
+    rows = []
+    for r in result["runs"]:
+        tpot = r["decode_tpot_ms"]
+        label = "off (whole prompts)" if r["budget"] == "off" else f"on, budget {r['budget']} tokens"
+        rows.append([label, ms(tpot["p50"]), ms(tpot["p90"]), f"**{ms(tpot['max'])}**",
+                     ", ".join(f"{t:.2f}" for t in r["long_ttft_s"]), f"{r['output_tokens_per_s']:.1f}",
+                     str(len(r["steps"]))])
+    return (table(["chunked prefill", "decode TPOT p50 (ms)", "p90 (ms)", "max (ms)", "long prompts' TTFT (s)",
+                   "output tokens/s", "steps"], rows) + "\n" +
+            f"{s['decoders']} requests decoding from step 1; {len(arrivals)} prompt{plural} of {s['long_prompt']} "
+            f"tokens arriving before step{plural} {when}; {model}. TPOT: the time between "
+            f"two tokens of a decoding request; TTFT: from a long prompt's arrival to its first token.\n\n" +
+            run_line(result))
+
+
 def block_chapter_row(results: Path, number: str) -> str:
     result = load(results, "chapters.json")
     rows = {row["chapter"]: row for row in result["chapters"]}
@@ -148,4 +172,5 @@ def block_chapter_row(results: Path, number: str) -> str:
 
 
 BLOCKS = {"run": block_run, "decode-scaling": block_decode_scaling, "decode-scaling-pair": block_decode_scaling_pair,
-          "batch-throughput": block_batch_throughput, "arrivals": block_arrivals, "chapter-row": block_chapter_row}
+          "batch-throughput": block_batch_throughput, "arrivals": block_arrivals, "long-prompts": block_long_prompts,
+          "chapter-row": block_chapter_row}
