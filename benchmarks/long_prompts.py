@@ -111,7 +111,8 @@ def plot(result: dict, path) -> None:
     ax = axes[0][0]
     for r in result["runs"]:
         label = "chunked prefill off" if r["budget"] == "off" else f"chunked, budget {r['budget']}"
-        ax.plot([s["t"] for s in r["steps"]], [1000 * s["seconds"] for s in r["steps"]], label=label, linewidth=1)
+        times, ms = [s["t"] for s in r["steps"]], [1000 * s["seconds"] for s in r["steps"]]
+        ax.step(times, ms, where="post", label=label, linewidth=1)  # each step drawn over the time it took
     ax.set(
         xlabel="time since the first step (s)",
         ylabel="step duration (ms)",

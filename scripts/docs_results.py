@@ -134,8 +134,8 @@ def block_arrivals(results: Path, name: str) -> str:
 def block_long_prompts(results: Path, name: str) -> str:
     result = load(results, name)
     s = result["settings"]
-    model = Path(s["model"]).name if s.get("model") else "SmolLM2-135M-Instruct"
-    arrivals = s["long_at"].split(",")
+    model = Path(result["model"]).name if "/" in result["model"] else result["model"]
+    arrivals = [str(step) for step in s["long_at"]]
     plural = "s" if len(arrivals) > 1 else ""
     when = ", ".join(arrivals[:-1]) + " and " + arrivals[-1] if plural else arrivals[0]
     ms = lambda v: f"{v:.0f}" if v >= 10 else f"{v:.1f}"  # noqa: E731
