@@ -34,7 +34,7 @@ CAPABILITIES = {
     "padded_batch": "merges per-request caches into one padded batch cache each step",
     "block_manager": "fixed-size KV blocks with block tables and reference counts",
     "block_check": "checks at every step that the block tables agree with the real caches",
-    "batch_state": "the running batch as tensor rows (`batch_state.BatchState`) beside block tables kept by sequence id",
+    "batch_state": "the batch as tensor rows (`batch_state.BatchState`) beside block tables kept by sequence id",
     "sequence_blocks": "each `Sequence` holds its block table; the block manager grows and frees it",
     "chunked_prefill": "prompts split over steps under the token budget (`enable_chunked_prefill`, on by default)",
     "paged": "one paged KV pool per layer, attention through block tables",

@@ -41,11 +41,13 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def at_least(low, kind, inclusive=True):
     """An argparse type: a number of `kind` that is >= low (or > low when not inclusive)."""
+
     def parse(text: str):
         value = kind(text)
         if value < low or (value == low and not inclusive):
             raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {low}, got {text}")
         return value
+
     return parse
 
 
@@ -57,30 +59,43 @@ def probability(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(prog="rosellm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(
+        prog="rosellm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo}")
-    gen = sub.add_parser("generate", help="answer one prompt, streaming",
-                         formatter_class=DefaultsHelpFormatter)
+    gen = sub.add_parser("generate", help="answer one prompt, streaming", formatter_class=DefaultsHelpFormatter)
     gen.add_argument("prompt", help="the question (wrapped in the model's chat template unless --raw)")
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
-    demo = sub.add_parser("demo", help="answer three questions, streaming",
-                          formatter_class=DefaultsHelpFormatter)
+    demo = sub.add_parser("demo", help="answer three questions, streaming", formatter_class=DefaultsHelpFormatter)
     for p in (gen, demo):
-        p.add_argument("--model", default=None,
-                       help=".gguf file or Hugging Face folder; default: the bundled SmolLM2-135M-Instruct")
+        p.add_argument(
+            "--model",
+            default=None,
+            help=".gguf file or Hugging Face folder; default: the bundled SmolLM2-135M-Instruct",
+        )
         p.add_argument("--max-tokens", type=at_least(1, int), default=128, help="most tokens to generate")
-        p.add_argument("--temperature", type=at_least(0, float), default=0.0,
-                       help="sampling temperature; 0 is greedy")
-        p.add_argument("--top-p", type=probability, default=1.0,
-                       help="keep the most likely tokens up to this probability mass; 1 keeps all")
+        p.add_argument("--temperature", type=at_least(0, float), default=0.0, help="sampling temperature; 0 is greedy")
+        p.add_argument(
+            "--top-p",
+            type=probability,
+            default=1.0,
+            help="keep the most likely tokens up to this probability mass; 1 keeps all",
+        )
         p.add_argument("--top-k", type=at_least(0, int), default=0, help="keep the k most likely tokens; 0 keeps all")
         p.add_argument("--seed", type=int, default=None, help="seed of the sampler; default: a fresh random stream")
         p.add_argument("--device", default="cpu", help='"cpu", "cuda" or "cuda:N"')
-        p.add_argument("--attention-backend", choices=BACKENDS, default=None,
-                       help='attention kernels (from chapter 06); default: "triton" on CUDA, "torch" elsewhere')
-        p.add_argument("--chapter", default=None, metavar="NN",
-                       help="run chapter NN's checkpoint (e.g. 03) instead of the latest engine")
+        p.add_argument(
+            "--attention-backend",
+            choices=BACKENDS,
+            default=None,
+            help='attention kernels (from chapter 06); default: "triton" on CUDA, "torch" elsewhere',
+        )
+        p.add_argument(
+            "--chapter",
+            default=None,
+            metavar="NN",
+            help="run chapter NN's checkpoint (e.g. 03) instead of the latest engine",
+        )
     return parser
 
 
@@ -128,8 +143,10 @@ def engine_package(args) -> tuple[object, frozenset[str] | None]:
     except ValueError as error:
         raise BadOption(f"--chapter {args.chapter}: {error}") from None
     if args.attention_backend is not None and "triton_kernels" not in chosen.capabilities:
-        raise BadOption(f"--attention-backend: chapter {chosen.number:02d} has a single attention path "
-                        "(backends arrive in chapter 06)")
+        raise BadOption(
+            f"--attention-backend: chapter {chosen.number:02d} has a single attention path "
+            "(backends arrive in chapter 06)"
+        )
     return chosen.load(), chosen.capabilities
 
 
@@ -163,8 +180,11 @@ def pending_gguf_conversion(package, model: str | None) -> Path | None:
 def load_llm(package, model: str | None, options: dict):
     """`package.LLM(model, **options)`, telling stderr what takes time while it happens."""
     gguf = pending_gguf_conversion(package, model)
-    what = f"converting {gguf.name} to a cached Hugging Face folder (first run only, ~20 s)" if gguf else \
-        f"loading {Path(model).name if model else 'SmolLM2-135M-Instruct'} on {options['device']}"
+    what = (
+        f"converting {gguf.name} to a cached Hugging Face folder (first run only, ~20 s)"
+        if gguf
+        else f"loading {Path(model).name if model else 'SmolLM2-135M-Instruct'} on {options['device']}"
+    )
     done = threading.Event()
     ticker = threading.Thread(target=show_elapsed, args=(what, done), daemon=True)
     ticker.start()
@@ -215,8 +235,10 @@ def timing_line(output, ttft: float, total: float) -> str:
     """Time to first token (prefill of the whole prompt, chat template included) and decode speed apart."""
     decoded, decode_seconds = len(output.token_ids) - 1, total - ttft
     rate = f"{decoded / decode_seconds:.1f} tokens/s" if decoded > 0 and decode_seconds > 0 else "n/a"
-    return (f"[prefill {len(output.prompt_token_ids)} prompt tokens: time to first token {ttft * 1000:.0f} ms | "
-            f"decode {decoded} tokens in {decode_seconds:.2f} s: {rate}]")
+    return (
+        f"[prefill {len(output.prompt_token_ids)} prompt tokens: time to first token {ttft * 1000:.0f} ms | "
+        f"decode {decoded} tokens in {decode_seconds:.2f} s: {rate}]"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -230,8 +252,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"rosellm {args.command}: error: {error}\n")
     try:
         llm = load_llm(package, args.model, engine_options(args, capabilities))
-        params = package.SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                        max_tokens=args.max_tokens, seed=args.seed)
+        params = package.SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=args.seed
+        )
         questions = [args.prompt] if args.command == "generate" else DEMO_QUESTIONS
         raw = args.command == "generate" and args.raw
         for question in questions:

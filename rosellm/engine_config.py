@@ -33,8 +33,14 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
 
     def __post_init__(self):
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks",
-                     "kv_cache_memory"):
+        for name in (
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+            "num_kv_blocks",
+            "kv_cache_memory",
+        ):
             value = getattr(self, name)
             if value is None and name in ("max_model_len", "max_num_batched_tokens", "num_kv_blocks"):
                 continue

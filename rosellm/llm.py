@@ -23,8 +23,9 @@ class LLM:
         self.eos_token_ids = self.llm_engine.eos_token_ids
         self.block_manager = self.llm_engine.block_manager
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params=None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Prompt | Sequence[Prompt], sampling_params=None, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
         """Generate for every prompt, continuously batched; outputs come back in input order.
         Left by any exception (Ctrl-C included), it aborts its requests: nothing stays queued."""
         request_ids = self._add_requests(prompts, sampling_params)
@@ -40,8 +41,9 @@ class LLM:
             self._abort(request_id for request_id in request_ids if request_id not in outputs)
         return [outputs[request_id] for request_id in request_ids]
 
-    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None
-               ) -> Generator[str, None, RequestOutput]:
+    def stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> Generator[str, None, RequestOutput]:
         """Generate for one prompt, yielding text pieces as soon as they are complete characters.
         The generator's return value (`StopIteration.value`) is the finished `RequestOutput`.
         Closing it early (or an exception) aborts the request."""

@@ -92,8 +92,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.backend = REFERENCE_BACKEND  # whose store_kv and paged_attention run (attention_backend.py)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata,
-                kv_pool: KVPool) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool
+    ) -> torch.Tensor:
         num_tokens = x.shape[0]
         # [num_tokens, heads, head_dim]
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
@@ -128,8 +129,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata,
-                kv_pool: KVPool) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata, kv_pool)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -15,8 +15,9 @@ from .scheduler import SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
-                 attention_backend: str | None = None):
+    def __init__(
+        self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, attention_backend: str | None = None
+    ):
         self.device = torch.device(device)
         self.attention_backend = get_attention_backend(attention_backend, self.device)
         self.model, self.tokenizer = load_model(model, self.device, dtype)
@@ -44,8 +45,9 @@ class ModelRunner:
             seq_lens.append(start + num_new)
             tables.append(seq.block_table + [-1] * (self.max_blocks_per_seq - len(seq.block_table)))
         block_tables = torch.tensor(tables, dtype=torch.int32)  # [batch, max_blocks_per_seq], -1: no block
-        metadata = AttentionMetadata.build(plan.num_new_tokens, seq_lens, block_tables, self.kv_pool.block_size,
-                                           self.device)
+        metadata = AttentionMetadata.build(
+            plan.num_new_tokens, seq_lens, block_tables, self.kv_pool.block_size, self.device
+        )
         input_ids = torch.tensor([t for tokens in new_tokens for t in tokens], device=self.device)  # [num_tokens]
         self.attention_backend.begin_forward(metadata, self.kv_pool.block_size)
         return self.model(input_ids, metadata, self.kv_pool)

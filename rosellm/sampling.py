@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 # Temperatures below this are greedy, as in vLLM: dividing logits by a tinier one overflows to inf.
 GREEDY_TEMPERATURE = 1e-5
 MAX_SEED = 2**64  # what torch.Generator.manual_seed accepts: [0, 2**64)
@@ -106,8 +105,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> list[int]:
+def sample_batch(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
     """One token id per row of logits [batch, vocab_size]: one argmax for all the greedy rows together (a
     single call instead of one per row), `sample` for each of the others."""
     greedy = [p.greedy for p in params]

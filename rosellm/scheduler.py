@@ -62,13 +62,21 @@ class Scheduler:
     undo it: `rollback(plan)` puts everything back if the step fails.
     """
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 watermark_blocks: int = 0, enable_chunked_prefill: bool = True):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        watermark_blocks: int = 0,
+        enable_chunked_prefill: bool = True,
+    ):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
-                             f"({max_num_seqs}), so that every running sequence can decode")
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({max_num_seqs}), so that every running sequence can decode"
+            )
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -159,8 +167,12 @@ class Scheduler:
         return None
 
     def _save(self) -> SchedulerState:
-        return SchedulerState(list(self.waiting), list(self.running), self.block_manager.allocator.save(),
-                              {seq: seq.save() for seq in self.running})
+        return SchedulerState(
+            list(self.waiting),
+            list(self.running),
+            self.block_manager.allocator.save(),
+            {seq: seq.save() for seq in self.running},
+        )
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)

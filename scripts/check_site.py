@@ -26,8 +26,15 @@ SHOTS = ROOT / "build" / "site-check"
 CHROMIUM = Path("/usr/bin/chromium")
 PLAYWRIGHT = "playwright==1.65.2"
 WIDTH, HEIGHT = 1280, 900
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 # What the browser reports about one page, read in the page itself.
 PAGE_FACTS = """() => ({
@@ -98,15 +105,18 @@ def check_page(context, url: str, path: str) -> list[str]:
         errors.append("no folded diff on a chapter page")
     if facts["openDiffFolds"]:
         errors.append(f"{facts['openDiffFolds']} diff folds open by default")
-    name = (path.strip("/").replace("/", "__") or "home")
+    name = path.strip("/").replace("/", "__") or "home"
     page.screenshot(path=str(SHOTS / f"{name}.png"))
     if facts["diffFolds"]:
         page.locator("details.chapter-diff").first.scroll_into_view_if_needed()
         page.evaluate("window.scrollBy(0, -400)")
         page.screenshot(path=str(SHOTS / f"{name}__diff.png"))
     page.close()
-    print(f"{'ok  ' if not errors else 'FAIL'} /{path}  ({facts['images']} images, {facts['diffFolds']} diff folds, "
-          f"{facts['scrollWidth']} px wide)", flush=True)
+    print(
+        f"{'ok  ' if not errors else 'FAIL'} /{path}  ({facts['images']} images, {facts['diffFolds']} diff folds, "
+        f"{facts['scrollWidth']} px wide)",
+        flush=True,
+    )
     return errors
 
 
@@ -119,8 +129,12 @@ def check_site(site: Path) -> int:
     failures = {}
     with tempfile.TemporaryDirectory(prefix="site-check-profile-") as profile, sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": WIDTH, "height": HEIGHT})
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": WIDTH, "height": HEIGHT},
+        )
         for path in site_pages(site):
             errors = check_page(context, url, path)
             if errors:
@@ -129,8 +143,10 @@ def check_site(site: Path) -> int:
     server.shutdown()
     for path, errors in failures.items():
         print(f"\n/{path}:\n  " + "\n  ".join(errors))
-    print(f"\n{len(site_pages(site)) - len(failures)} pages passed, {len(failures)} failed; "
-          f"screenshots in {SHOTS.relative_to(ROOT)}/")
+    print(
+        f"\n{len(site_pages(site)) - len(failures)} pages passed, {len(failures)} failed; "
+        f"screenshots in {SHOTS.relative_to(ROOT)}/"
+    )
     return 1 if failures else 0
 
 

@@ -93,8 +93,10 @@ def fenced(language: str, text: str) -> str:
 
 def chapter_files(root: Path, name: str) -> str:
     files = checkpoint_files(checkpoint_dir(root, name))
-    rows = [f"| `rosellm/{path}` | {len(lines)} | {summary_line(lines) if path.endswith('.py') else ''} |"
-            for path, lines in files.items()]
+    rows = [
+        f"| `rosellm/{path}` | {len(lines)} | {summary_line(lines) if path.endswith('.py') else ''} |"
+        for path, lines in files.items()
+    ]
     total = sum(len(lines) for lines in files.values())
     header = ["| file | lines | what it is |", "| --- | ---: | --- |"]
     return "\n".join(header + rows + [f"| **total** | **{total}** | |"]) + "\n"
@@ -112,20 +114,25 @@ def chapter_diff(root: Path, old_name: str, new_name: str) -> str:
         before, after = old.get(path, []), new.get(path, [])
         if before == after:
             continue
-        diff = list(difflib.unified_diff(before, after, f"{old_name}/rosellm/{path}",
-                                         f"{new_name}/rosellm/{path}", n=3))
+        diff = list(
+            difflib.unified_diff(before, after, f"{old_name}/rosellm/{path}", f"{new_name}/rosellm/{path}", n=3)
+        )
         added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
         removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
         status = "added" if path not in old else "removed" if path not in new else "changed"
         statuses.append(status)
         rows.append(f"| [`rosellm/{path}`](#{fold_id(path)}) | {status} | +{added} | −{removed} |")
         text = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
-        folds.append(f'<details class="note chapter-diff" id="{fold_id(path)}" markdown>\n'
-                     f"<summary><code>rosellm/{path}</code> ({status}, +{added} −{removed})</summary>\n\n"
-                     f"{fenced('diff', text)}\n</details>\n")
+        folds.append(
+            f'<details class="note chapter-diff" id="{fold_id(path)}" markdown>\n'
+            f"<summary><code>rosellm/{path}</code> ({status}, +{added} −{removed})</summary>\n\n"
+            f"{fenced('diff', text)}\n</details>\n"
+        )
     if not rows:
         return f"*No file differs between `{old_name}` and `{new_name}`.*\n"
     summary = ", ".join(f"{statuses.count(s)} {s}" for s in ("changed", "added", "removed") if s in statuses)
     table = ["| file | status | added lines | removed lines |", "| --- | --- | ---: | ---: |", *rows]
-    return (f"From `{old_name}` to `{new_name}`: {summary}. Each file's diff is folded below; open it from "
-            "the table or by its name.\n\n" + "\n".join(table) + "\n\n" + "\n".join(folds))
+    return (
+        f"From `{old_name}` to `{new_name}`: {summary}. Each file's diff is folded below; open it from "
+        "the table or by its name.\n\n" + "\n".join(table) + "\n\n" + "\n".join(folds)
+    )

@@ -45,18 +45,25 @@ def kernel_table(kernel: str, rows: list[dict]) -> str:
         configurations.setdefault(key, {})[row["arch"]] = row
     most_shared = max(row["shared_bytes"] for row in rows) / 1024
     most_registers = max(row["registers"] for row in rows)
-    title = (f"`{kernel}`: {len(configurations)} configurations, at most {most_shared:.1f} KiB of shared memory "
-             f"and {most_registers} registers per thread")
-    lines = [f'??? note "{title}"', "",
-             "    | dtype | head_dim | constexprs | warps | stages | shared KiB sm_80 / sm_90 "
-             "| registers sm_80 / sm_90 | stack bytes (spills) sm_80 / sm_90 | PTX KiB sm_80 / sm_90 |",
-             "    | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    title = (
+        f"`{kernel}`: {len(configurations)} configurations, at most {most_shared:.1f} KiB of shared memory "
+        f"and {most_registers} registers per thread"
+    )
+    lines = [
+        f'??? note "{title}"',
+        "",
+        "    | dtype | head_dim | constexprs | warps | stages | shared KiB sm_80 / sm_90 "
+        "| registers sm_80 / sm_90 | stack bytes (spills) sm_80 / sm_90 | PTX KiB sm_80 / sm_90 |",
+        "    | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for (dtype, head_dim, _), by_arch in configurations.items():
         first = by_arch[ARCHS[0]]
         constexprs = ", ".join(f"{name}={value}" for name, value in first["constexprs"].items())
-        lines.append(f"    | {dtype} | {head_dim} | `{constexprs}` | {first['num_warps']} | {first['num_stages']} "
-                     f"| {per_arch(by_arch, 'shared_bytes', 1024, '.1f')} | {per_arch(by_arch, 'registers')} "
-                     f"| {per_arch(by_arch, 'stack_bytes')} | {per_arch(by_arch, 'ptx_bytes', 1024)} |")
+        lines.append(
+            f"    | {dtype} | {head_dim} | `{constexprs}` | {first['num_warps']} | {first['num_stages']} "
+            f"| {per_arch(by_arch, 'shared_bytes', 1024, '.1f')} | {per_arch(by_arch, 'registers')} "
+            f"| {per_arch(by_arch, 'stack_bytes')} | {per_arch(by_arch, 'ptx_bytes', 1024)} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -52,16 +52,20 @@ def load_words(share: float | None) -> str:
     if share is None:
         return "the load of other processes was not recorded"
     words = f"other processes used {100 * share:.0f} % of the CPU meanwhile"
-    return f"**{words}** (a busy machine: slower, noisier timings)" if share > BUSY_SHARE else words + " (an idle machine)"
+    return (
+        f"**{words}** (a busy machine: slower, noisier timings)" if share > BUSY_SHARE else words + " (an idle machine)"
+    )
 
 
 def run_line(result: dict, share: float | None = None) -> str:
     m = result["machine"]
     threads = m["torch_threads"]
     share = share if share is not None else m.get("other_processes_cpu_share", result.get("other_processes_cpu_share"))
-    return (f"*Measured on {result['date']} with `{result['command']}`: {m['cpu']} ({m['cpu_cores']} cores), "
-            f"torch {m['torch']} with {threads} thread{'s' if threads != 1 else ''}, "
-            f"{result.get('dtype', 'float32')}; {load_words(share)}.*\n")
+    return (
+        f"*Measured on {result['date']} with `{result['command']}`: {m['cpu']} ({m['cpu_cores']} cores), "
+        f"torch {m['torch']} with {threads} thread{'s' if threads != 1 else ''}, "
+        f"{result.get('dtype', 'float32')}; {load_words(share)}.*\n"
+    )
 
 
 # --- blocks ---------------------------------------------------------------------------------------------
@@ -73,14 +77,24 @@ def block_run(results: Path, name: str) -> str:
 
 def block_decode_scaling(results: Path, name: str) -> str:
     result = load(results, name)
-    rows = [[str(p["prompt_len"]), f"{p['first_token_ms']:.0f}", f"{p['decode_ms_per_token']:.0f}",
-             f"{p['decode_tokens_per_s']:.1f}"] for p in result["points"]]
+    rows = [
+        [
+            str(p["prompt_len"]),
+            f"{p['first_token_ms']:.0f}",
+            f"{p['decode_ms_per_token']:.0f}",
+            f"{p['decode_tokens_per_s']:.1f}",
+        ]
+        for p in result["points"]
+    ]
     fit, whole = result["fit"], result["whole_generation"]
-    return (table(["prompt tokens", "first token (ms)", "decode step (ms)", "decode tokens/s"], rows) + "\n" +
-            f"Fit: a step costs **{fit['intercept_ms']:.0f} ms + {fit['slope_ms_per_token']:.2f} ms per token** in the "
-            f"sequence. One whole generation of {whole['max_tokens']} tokens from a {whole['prompt_len']}-token prompt "
-            f"took **{whole['measured_s']:.1f} s** (the fit predicts {whole['predicted_from_fit_s']:.1f} s).\n\n" +
-            run_line(result))
+    return (
+        table(["prompt tokens", "first token (ms)", "decode step (ms)", "decode tokens/s"], rows)
+        + "\n"
+        + f"Fit: a step costs **{fit['intercept_ms']:.0f} ms + {fit['slope_ms_per_token']:.2f} ms per token** in the "
+        f"sequence. One whole generation of {whole['max_tokens']} tokens from a {whole['prompt_len']}-token prompt "
+        f"took **{whole['measured_s']:.1f} s** (the fit predicts {whole['predicted_from_fit_s']:.1f} s).\n\n"
+        + run_line(result)
+    )
 
 
 def block_decode_scaling_pair(results: Path, old_name: str, new_name: str) -> str:
@@ -88,24 +102,70 @@ def block_decode_scaling_pair(results: Path, old_name: str, new_name: str) -> st
     label_old, label_new = (f"chapter {r['chapter'][:2]}" for r in (old, new))
     rows = []
     for a, b in zip(old["points"], new["points"]):
-        rows.append([str(a["prompt_len"]), f"{a['decode_ms_per_token']:,.0f}", f"{b['decode_ms_per_token']:,.0f}",
-                     f"{a['decode_ms_per_token'] / b['decode_ms_per_token']:.1f}×", f"{b['first_token_ms']:,.0f}"])
-    wholes = (f"One whole generation of {new['whole_generation']['max_tokens']} tokens from a "
-              f"{new['whole_generation']['prompt_len']}-token prompt took {old['whole_generation']['measured_s']:.1f} s "
-              f"on {label_old} and {new['whole_generation']['measured_s']:.1f} s on {label_new}.\n\n")
-    return (table(["tokens in the prompt", f"{label_old}: ms per token", f"{label_new}: ms per token", "speed-up",
-                   f"{label_new}: prefill of the prompt, ms"], rows) + "\n" + wholes +
-            f"{label_old.capitalize()}: " + run_line(old) + "\n" + f"{label_new.capitalize()}: " + run_line(new))
+        rows.append(
+            [
+                str(a["prompt_len"]),
+                f"{a['decode_ms_per_token']:,.0f}",
+                f"{b['decode_ms_per_token']:,.0f}",
+                f"{a['decode_ms_per_token'] / b['decode_ms_per_token']:.1f}×",
+                f"{b['first_token_ms']:,.0f}",
+            ]
+        )
+    wholes = (
+        f"One whole generation of {new['whole_generation']['max_tokens']} tokens from a "
+        f"{new['whole_generation']['prompt_len']}-token prompt took {old['whole_generation']['measured_s']:.1f} s "
+        f"on {label_old} and {new['whole_generation']['measured_s']:.1f} s on {label_new}.\n\n"
+    )
+    return (
+        table(
+            [
+                "tokens in the prompt",
+                f"{label_old}: ms per token",
+                f"{label_new}: ms per token",
+                "speed-up",
+                f"{label_new}: prefill of the prompt, ms",
+            ],
+            rows,
+        )
+        + "\n"
+        + wholes
+        + f"{label_old.capitalize()}: "
+        + run_line(old)
+        + "\n"
+        + f"{label_new.capitalize()}: "
+        + run_line(new)
+    )
 
 
 def block_batch_throughput(results: Path, name: str) -> str:
     result = load(results, name)
     base = result["points"][0]["output_tokens_per_s"]
-    rows = [[str(p["batch_size"]), f"{p['output_tokens_per_s']:.1f}", f"{p['decode_tokens_per_s']:.1f}",
-             f"{p['decode_ms_per_step']:.0f}", f"{p['prefill_s']:.2f}", f"{p['output_tokens_per_s'] / base:.1f}×"]
-            for p in result["points"]]
-    return (table(["batch size", "output tokens/s", "decode tokens/s", "ms per decode step",
-                   "prefill of the batch, s", "vs batch 1"], rows) + "\n" + run_line(result))
+    rows = [
+        [
+            str(p["batch_size"]),
+            f"{p['output_tokens_per_s']:.1f}",
+            f"{p['decode_tokens_per_s']:.1f}",
+            f"{p['decode_ms_per_step']:.0f}",
+            f"{p['prefill_s']:.2f}",
+            f"{p['output_tokens_per_s'] / base:.1f}×",
+        ]
+        for p in result["points"]
+    ]
+    return (
+        table(
+            [
+                "batch size",
+                "output tokens/s",
+                "decode tokens/s",
+                "ms per decode step",
+                "prefill of the batch, s",
+                "vs batch 1",
+            ],
+            rows,
+        )
+        + "\n"
+        + run_line(result)
+    )
 
 
 def block_arrivals(results: Path, name: str) -> str:
@@ -122,13 +182,18 @@ def block_arrivals(results: Path, name: str) -> str:
         row("output tokens / s (wall clock)", lambda r: f"{r['output_tokens_per_s']:.1f}"),
         row("output tokens / CPU-second", lambda r: f"{r['output_tokens_per_cpu_s']:.1f}"),
         row("TTFT median / p90, seconds", lambda r: f"{r['ttft_median_s']:.1f} / {r['ttft_p90_s']:.1f}"),
-        row("TTFT median / p90 / max, steps",
-            lambda r: f"{r['ttft_median_steps']:.0f} / {r['ttft_p90_steps']} / {r['ttft_max_steps']}"),
+        row(
+            "TTFT median / p90 / max, steps",
+            lambda r: f"{r['ttft_median_steps']:.0f} / {r['ttft_p90_steps']} / {r['ttft_max_steps']}",
+        ),
         ["preemptions (tokens recomputed)", "none possible", f"{new['preemptions']} ({new['recomputed_tokens']})"],
         ["requests with identical tokens", result["requests_with_identical_tokens"].replace("/", " / "), ""],
     ]
-    return (table(["", "chapter 05 (reserve prompt + max_tokens)", "chapter 07 (admit on the prompt, preempt)"],
-                  rows) + "\n" + run_line(result))
+    return (
+        table(["", "chapter 05 (reserve prompt + max_tokens)", "chapter 07 (admit on the prompt, preempt)"], rows)
+        + "\n"
+        + run_line(result)
+    )
 
 
 def block_long_prompts(results: Path, name: str) -> str:
@@ -143,15 +208,36 @@ def block_long_prompts(results: Path, name: str) -> str:
     for r in result["runs"]:
         tpot = r["decode_tpot_ms"]
         label = "off (whole prompts)" if r["budget"] == "off" else f"on, budget {r['budget']} tokens"
-        rows.append([label, ms(tpot["p50"]), ms(tpot["p90"]), f"**{ms(tpot['max'])}**",
-                     ", ".join(f"{t:.2f}" for t in r["long_ttft_s"]), f"{r['output_tokens_per_s']:.1f}",
-                     str(len(r["steps"]))])
-    return (table(["chunked prefill", "decode TPOT p50 (ms)", "p90 (ms)", "max (ms)", "long prompts' TTFT (s)",
-                   "output tokens/s", "steps"], rows) + "\n" +
-            f"{s['decoders']} requests decoding from step 1; {len(arrivals)} prompt{plural} of {s['long_prompt']} "
-            f"tokens arriving before step{plural} {when}; {model}. TPOT: the time between "
-            f"two tokens of a decoding request; TTFT: from a long prompt's arrival to its first token.\n\n" +
-            run_line(result))
+        rows.append(
+            [
+                label,
+                ms(tpot["p50"]),
+                ms(tpot["p90"]),
+                f"**{ms(tpot['max'])}**",
+                ", ".join(f"{t:.2f}" for t in r["long_ttft_s"]),
+                f"{r['output_tokens_per_s']:.1f}",
+                str(len(r["steps"])),
+            ]
+        )
+    return (
+        table(
+            [
+                "chunked prefill",
+                "decode TPOT p50 (ms)",
+                "p90 (ms)",
+                "max (ms)",
+                "long prompts' TTFT (s)",
+                "output tokens/s",
+                "steps",
+            ],
+            rows,
+        )
+        + "\n"
+        + f"{s['decoders']} requests decoding from step 1; {len(arrivals)} prompt{plural} of {s['long_prompt']} "
+        f"tokens arriving before step{plural} {when}; {model}. TPOT: the time between "
+        f"two tokens of a decoding request; TTFT: from a long prompt's arrival to its first token.\n\n"
+        + run_line(result)
+    )
 
 
 def block_chapter_row(results: Path, number: str) -> str:
@@ -160,17 +246,28 @@ def block_chapter_row(results: Path, number: str) -> str:
     row, first = rows[int(number)], rows[min(rows)]
     s = result["settings"]
     batch = row["options"].get("max_batch_size") or row["options"].get("max_num_seqs")
-    speedup = f", {row['output_tokens_per_s'] / first['output_tokens_per_s']:.1f}× chapter {min(rows):02d}" \
-        if row is not first else ""
+    speedup = (
+        f", {row['output_tokens_per_s'] / first['output_tokens_per_s']:.1f}× chapter {min(rows):02d}"
+        if row is not first
+        else ""
+    )
     threads = result["machine"]["torch_threads"]
-    return (f"**Across chapters.** On the book's common small workload ({s['requests']} requests, "
-            f"{s['max_tokens']} output tokens each{f', a batch of {batch}' if batch else ', one at a time'}) "
-            f"this checkpoint makes **{row['output_tokens_per_s']:.1f} output tokens/s{speedup}** "
-            f"([Benchmarks · chapters, row {int(number):02d}](../benchmarks.md#ch{int(number):02d}); measured on "
-            f"{result['date']}, {threads} thread{'s' if threads != 1 else ''}; "
-            f"{load_words(row.get('other_processes_cpu_share'))}).\n")
+    return (
+        f"**Across chapters.** On the book's common small workload ({s['requests']} requests, "
+        f"{s['max_tokens']} output tokens each{f', a batch of {batch}' if batch else ', one at a time'}) "
+        f"this checkpoint makes **{row['output_tokens_per_s']:.1f} output tokens/s{speedup}** "
+        f"([Benchmarks · chapters, row {int(number):02d}](../benchmarks.md#ch{int(number):02d}); measured on "
+        f"{result['date']}, {threads} thread{'s' if threads != 1 else ''}; "
+        f"{load_words(row.get('other_processes_cpu_share'))}).\n"
+    )
 
 
-BLOCKS = {"run": block_run, "decode-scaling": block_decode_scaling, "decode-scaling-pair": block_decode_scaling_pair,
-          "batch-throughput": block_batch_throughput, "arrivals": block_arrivals, "long-prompts": block_long_prompts,
-          "chapter-row": block_chapter_row}
+BLOCKS = {
+    "run": block_run,
+    "decode-scaling": block_decode_scaling,
+    "decode-scaling-pair": block_decode_scaling_pair,
+    "batch-throughput": block_batch_throughput,
+    "arrivals": block_arrivals,
+    "long-prompts": block_long_prompts,
+    "chapter-row": block_chapter_row,
+}

@@ -18,12 +18,21 @@ from .store_kv import store_kv
 __all__ = ["choose_num_splits", "paged_attention", "paged_decode_attention", "paged_prefill_attention", "store_kv"]
 
 
-def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    metadata: AttentionMetadata) -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata
+) -> torch.Tensor:
     """Same contract as the reference `paged_attention.paged_attention`: the decode kernel when every
     sequence has one new token, the prefill kernel otherwise."""
     if metadata.max_query_len == 1 and query.shape[0] == metadata.seq_lens.shape[0]:
-        return paged_decode_attention(query, key_cache, value_cache, metadata.seq_lens, metadata.block_tables,
-                                      metadata.max_seq_len)
-    return paged_prefill_attention(query, key_cache, value_cache, metadata.query_start_loc, metadata.seq_lens,
-                                   metadata.block_tables, metadata.max_query_len)
+        return paged_decode_attention(
+            query, key_cache, value_cache, metadata.seq_lens, metadata.block_tables, metadata.max_seq_len
+        )
+    return paged_prefill_attention(
+        query,
+        key_cache,
+        value_cache,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_tables,
+        metadata.max_query_len,
+    )

@@ -42,13 +42,28 @@ def main() -> None:
     for tag, result in (("ch01", naive), ("ch02", cached)):
         marker, color, label = styles[tag]
         points = result["points"]
-        left.plot([p["mean_context_len"] for p in points], [p["decode_ms_per_token"] for p in points], marker,
-                  color=color, label=f"{label}, decode step")
+        left.plot(
+            [p["mean_context_len"] for p in points],
+            [p["decode_ms_per_token"] for p in points],
+            marker,
+            color=color,
+            label=f"{label}, decode step",
+        )
     first = cached["points"]
-    left.plot([p["prompt_len"] for p in first], [p["first_token_ms"] for p in first], "x:", color="tab:blue",
-              label="chapter 02: prefill of the whole prompt (first token)")
-    left.set(xlabel="tokens in the sequence", ylabel="milliseconds", title="cost of one generated token",
-             xlim=(0, None), ylim=(0, None))
+    left.plot(
+        [p["prompt_len"] for p in first],
+        [p["first_token_ms"] for p in first],
+        "x:",
+        color="tab:blue",
+        label="chapter 02: prefill of the whole prompt (first token)",
+    )
+    left.set(
+        xlabel="tokens in the sequence",
+        ylabel="milliseconds",
+        title="cost of one generated token",
+        xlim=(0, None),
+        ylim=(0, None),
+    )
     left.legend(fontsize=8)
 
     print(f"{'length':>6} {'ch01 ms':>8} {'ch02 ms':>8} {'speed-up':>8}")
@@ -60,16 +75,29 @@ def main() -> None:
         print(f"{a['prompt_len']:>6} {a['decode_ms_per_token']:>8.1f} {b['decode_ms_per_token']:>8.1f} {ratio:>7.1f}x")
     bars = right.bar([str(n) for n in lengths], ratios, color="tab:blue")
     for bar, ratio in zip(bars, ratios):
-        right.annotate(f"{ratio:.1f}×", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                       textcoords="offset points", xytext=(0, 3), ha="center", fontsize=9)
-    right.set(xlabel="prompt length (tokens)", ylabel="chapter 01 ms / chapter 02 ms",
-              title="speed-up of a decode step", ylim=(0, max(ratios) * 1.15))
+        right.annotate(
+            f"{ratio:.1f}×",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            textcoords="offset points",
+            xytext=(0, 3),
+            ha="center",
+            fontsize=9,
+        )
+    right.set(
+        xlabel="prompt length (tokens)",
+        ylabel="chapter 01 ms / chapter 02 ms",
+        title="speed-up of a decode step",
+        ylim=(0, max(ratios) * 1.15),
+    )
 
     machine = cached["machine"]
     loads = ", ".join(f"{r['tag']} {r['machine']['other_processes_cpu_share']:.0%}" for r in (naive, cached))
-    fig.suptitle(f"SmolLM2-135M {cached['dtype']} on {machine['cpu']}, {machine['torch_threads']} torch "
-                 f"thread(s), {cached['settings']['steps']} decode steps per length, best of "
-                 f"{cached['settings']['repeats']} (CPU used by other processes: {loads})", fontsize=9)
+    fig.suptitle(
+        f"SmolLM2-135M {cached['dtype']} on {machine['cpu']}, {machine['torch_threads']} torch "
+        f"thread(s), {cached['settings']['steps']} decode steps per length, best of "
+        f"{cached['settings']['repeats']} (CPU used by other processes: {loads})",
+        fontsize=9,
+    )
     fig.tight_layout()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(OUT, dpi=110)

@@ -34,9 +34,15 @@ def record_forwards() -> list[dict]:
 
     def hook(module, args):
         input_ids, positions, mask, batch_cache = args
-        seen.append({"input_ids": input_ids.tolist(), "positions": positions.tolist(), "mask": mask.tolist(),
-                     "new_lens": list(batch_cache.new_lens),
-                     "cached": [cache.length for cache in batch_cache.caches]})
+        seen.append(
+            {
+                "input_ids": input_ids.tolist(),
+                "positions": positions.tolist(),
+                "mask": mask.tolist(),
+                "new_lens": list(batch_cache.new_lens),
+                "cached": [cache.length for cache in batch_cache.caches],
+            }
+        )
 
     handle = llm.model.register_forward_pre_hook(hook)
     prompts = [[1000 + 10 * row + i for i in range(n)] for row, n in enumerate(PROMPT_LENS)]
@@ -69,11 +75,26 @@ def draw_rows(ax, forward, kv: bool, title: str) -> None:
                 text = f"{forward['input_ids'][b][j]}\npos {forward['positions'][b][j]}"
                 is_new = real
             if real:
-                cell(ax, j, y, text, ROW_COLORS[b], edge=NEW_EDGE if is_new else "#555555", lw=2 if is_new else 1,
-                     fontsize=7)
+                cell(
+                    ax,
+                    j,
+                    y,
+                    text,
+                    ROW_COLORS[b],
+                    edge=NEW_EDGE if is_new else "#555555",
+                    lw=2 if is_new else 1,
+                    fontsize=7,
+                )
             else:
-                cell(ax, j, y, text if kv else f"0 (pad)\npos {forward['positions'][b][j]}", "#eeeeee", hatch="///",
-                     fontsize=7)
+                cell(
+                    ax,
+                    j,
+                    y,
+                    text if kv else f"0 (pad)\npos {forward['positions'][b][j]}",
+                    "#eeeeee",
+                    hatch="///",
+                    fontsize=7,
+                )
     ax.set_xlim(-2.3, width + 0.2)
     ax.set_ylim(-0.4, rows + 0.2)
     ax.set_aspect("equal")
@@ -94,11 +115,27 @@ def draw_masks(ax, forward, title: str) -> None:
             for k in range(keys):
                 allowed = forward["mask"][b][q][k]
                 color = ROW_COLORS[b] if allowed else "white"
-                ax.add_patch(Rectangle((x0 + k, queries - 1 - q), 1, 1, facecolor=color, edgecolor="#999999",
-                                       linewidth=0.6, alpha=0.35 if pad_query else 1.0))
+                ax.add_patch(
+                    Rectangle(
+                        (x0 + k, queries - 1 - q),
+                        1,
+                        1,
+                        facecolor=color,
+                        edgecolor="#999999",
+                        linewidth=0.6,
+                        alpha=0.35 if pad_query else 1.0,
+                    )
+                )
                 if allowed:
-                    ax.text(x0 + k + 0.5, queries - 1 - q + 0.5, "1", ha="center", va="center", fontsize=7,
-                            alpha=0.35 if pad_query else 1.0)
+                    ax.text(
+                        x0 + k + 0.5,
+                        queries - 1 - q + 0.5,
+                        "1",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        alpha=0.35 if pad_query else 1.0,
+                    )
         ax.text(x0 + keys / 2, -0.6, f"request {b}", ha="center", va="center", fontsize=8)
     ax.set_xlim(-0.2, rows * (keys + gap))
     ax.set_ylim(-1.1, queries + 0.2)
@@ -111,17 +148,34 @@ def main() -> None:
     prefill, decode = record_forwards()
     fig = plt.figure(figsize=(13, 5.2))
     grid = fig.add_gridspec(2, 2, width_ratios=[1, 1.35], height_ratios=[1.6, 1], hspace=0.25, wspace=0.08)
-    draw_rows(fig.add_subplot(grid[0, 0]), prefill, kv=False,
-              title=f"prefill: input_ids [3, {len(prefill['input_ids'][0])}] padded to the longest prompt")
-    draw_masks(fig.add_subplot(grid[0, 1]), prefill,
-               title="prefill masks [queries, keys]: causal, and padded queries (faded) repeat the last position")
-    draw_rows(fig.add_subplot(grid[1, 0]), decode, kv=True,
-              title=f"next step: merged keys [3, kv_heads, {len(decode['mask'][0][0])}, 64], zero-padded")
-    draw_masks(fig.add_subplot(grid[1, 1]), decode,
-               title="decode masks [1, keys]: everything cached, never the padding")
-    fig.text(0.5, 0.015, "Red edges: the tokens this forward feeds in (their keys and values are written into each "
-             "request's own cache). Hatched: padding. Shapes are chapter 03's, recorded from its engine.",
-             ha="center", fontsize=9)
+    draw_rows(
+        fig.add_subplot(grid[0, 0]),
+        prefill,
+        kv=False,
+        title=f"prefill: input_ids [3, {len(prefill['input_ids'][0])}] padded to the longest prompt",
+    )
+    draw_masks(
+        fig.add_subplot(grid[0, 1]),
+        prefill,
+        title="prefill masks [queries, keys]: causal, and padded queries (faded) repeat the last position",
+    )
+    draw_rows(
+        fig.add_subplot(grid[1, 0]),
+        decode,
+        kv=True,
+        title=f"next step: merged keys [3, kv_heads, {len(decode['mask'][0][0])}, 64], zero-padded",
+    )
+    draw_masks(
+        fig.add_subplot(grid[1, 1]), decode, title="decode masks [1, keys]: everything cached, never the padding"
+    )
+    fig.text(
+        0.5,
+        0.015,
+        "Red edges: the tokens this forward feeds in (their keys and values are written into each "
+        "request's own cache). Hatched: padding. Shapes are chapter 03's, recorded from its engine.",
+        ha="center",
+        fontsize=9,
+    )
     OUT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(OUT, dpi=110, bbox_inches="tight")
     print(f"wrote {OUT}")

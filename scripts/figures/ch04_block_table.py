@@ -47,16 +47,30 @@ def main() -> None:
     for block in range(NUM_BLOCKS):
         x = block * (BLOCK_SIZE / 2 + GAP)
         seq = owner.get(block)
-        ax.add_patch(Rectangle((x, pool_y), BLOCK_SIZE / 2, 1, facecolor=LIGHT[seq] if seq else "white",
-                               edgecolor="black", lw=1.3))
+        ax.add_patch(
+            Rectangle(
+                (x, pool_y), BLOCK_SIZE / 2, 1, facecolor=LIGHT[seq] if seq else "white", edgecolor="black", lw=1.3
+            )
+        )
         ax.text(x + BLOCK_SIZE / 4, pool_y + 0.5, str(block), ha="center", va="center", fontsize=11)
-        ax.text(x + BLOCK_SIZE / 4, pool_y - 0.3, f"ref {manager.allocator.ref_counts[block]}", ha="center",
-                va="center", fontsize=8.5, color="gray")
-    ax.text(0, pool_y + 1.45, f"the pool: {NUM_BLOCKS} physical blocks of {BLOCK_SIZE} token slots",
-            fontsize=10.5, fontweight="bold")
+        ax.text(
+            x + BLOCK_SIZE / 4,
+            pool_y - 0.3,
+            f"ref {manager.allocator.ref_counts[block]}",
+            ha="center",
+            va="center",
+            fontsize=8.5,
+            color="gray",
+        )
+    ax.text(
+        0,
+        pool_y + 1.45,
+        f"the pool: {NUM_BLOCKS} physical blocks of {BLOCK_SIZE} token slots",
+        fontsize=10.5,
+        fontweight="bold",
+    )
     free = list(manager.allocator.free_ids)
-    ax.text(NUM_BLOCKS * (BLOCK_SIZE / 2 + GAP) - GAP, pool_y + 1.45, f"free list: {free}", ha="right",
-            fontsize=10)
+    ax.text(NUM_BLOCKS * (BLOCK_SIZE / 2 + GAP) - GAP, pool_y + 1.45, f"free list: {free}", ha="right", fontsize=10)
 
     seq_x0 = 3.2
     for row, seq in enumerate(["a", "b"]):
@@ -74,11 +88,26 @@ def main() -> None:
             ax.add_patch(Rectangle((x, y), BLOCK_SIZE * 0.55, 0.7, fill=False, edgecolor="black", lw=1.3))
             ax.text(x + BLOCK_SIZE * 0.275, y - 0.3, f"logical {logical}", ha="center", fontsize=8, color="gray")
             target = block * (BLOCK_SIZE / 2 + GAP) + BLOCK_SIZE / 4
-            ax.add_patch(FancyArrowPatch((x + BLOCK_SIZE * 0.275, y + 0.72), (target, pool_y - 0.5),
-                                         arrowstyle="-|>", mutation_scale=10, color=COLORS[seq], lw=1.2,
-                                         alpha=0.85))
-        ax.text(seq_x0 - 0.3, y + 0.35, f"sequence {seq}: {count} tokens\nblock table {table}", ha="right",
-                va="center", fontsize=10, color=COLORS[seq])
+            ax.add_patch(
+                FancyArrowPatch(
+                    (x + BLOCK_SIZE * 0.275, y + 0.72),
+                    (target, pool_y - 0.5),
+                    arrowstyle="-|>",
+                    mutation_scale=10,
+                    color=COLORS[seq],
+                    lw=1.2,
+                    alpha=0.85,
+                )
+            )
+        ax.text(
+            seq_x0 - 0.3,
+            y + 0.35,
+            f"sequence {seq}: {count} tokens\nblock table {table}",
+            ha="right",
+            va="center",
+            fontsize=10,
+            color=COLORS[seq],
+        )
     ax.set_xlim(-3.6, NUM_BLOCKS * (BLOCK_SIZE / 2 + GAP))
     ax.set_ylim(-0.3, pool_y + 1.9)
     ax.axis("off")

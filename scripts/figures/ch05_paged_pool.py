@@ -54,8 +54,7 @@ def build():
     tables = torch.full((len(order), width), -1, dtype=torch.int32)
     for row, s in enumerate(order):
         tables[row, : len(manager.block_tables[s])] = torch.tensor(manager.block_tables[s], dtype=torch.int32)
-    metadata = AttentionMetadata.build([new_lens[s] for s in order], seq_lens, tables, BLOCK_SIZE,
-                                       torch.device("cpu"))
+    metadata = AttentionMetadata.build([new_lens[s] for s in order], seq_lens, tables, BLOCK_SIZE, torch.device("cpu"))
     return order, new_lens, seq_lens, tables, metadata
 
 
@@ -93,18 +92,40 @@ def main() -> None:
             live = position is not None and position < seq_lens[row]
             is_new = slot in new_slots
             face = "white" if not live else (COLORS[s] if is_new else LIGHT[s])
-            ax.add_patch(Rectangle((cell_x(block, offset), pool_y(block)), 1, 1, facecolor=face, edgecolor="gray",
-                                   lw=0.8))
-            ax.text(cell_x(block, offset) + 0.5, pool_y(block) - 0.3, str(slot), ha="center", va="center", fontsize=8,
-                    color="black" if is_new else "gray", fontweight="bold" if is_new else "normal")
+            ax.add_patch(
+                Rectangle((cell_x(block, offset), pool_y(block)), 1, 1, facecolor=face, edgecolor="gray", lw=0.8)
+            )
+            ax.text(
+                cell_x(block, offset) + 0.5,
+                pool_y(block) - 0.3,
+                str(slot),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="black" if is_new else "gray",
+                fontweight="bold" if is_new else "normal",
+            )
             if live:
-                ax.text(cell_x(block, offset) + 0.5, pool_y(block) + 0.5, f"{s}{position}", ha="center",
-                        va="center", fontsize=8.5, color="white" if is_new else "black")
-        ax.add_patch(Rectangle((cell_x(block, 0), pool_y(block)), BLOCK_SIZE, 1, fill=False, edgecolor="black",
-                               lw=1.4))
+                ax.text(
+                    cell_x(block, offset) + 0.5,
+                    pool_y(block) + 0.5,
+                    f"{s}{position}",
+                    ha="center",
+                    va="center",
+                    fontsize=8.5,
+                    color="white" if is_new else "black",
+                )
+        ax.add_patch(Rectangle((cell_x(block, 0), pool_y(block)), BLOCK_SIZE, 1, fill=False, edgecolor="black", lw=1.4))
         ax.text(cell_x(block, 0) + BLOCK_SIZE / 2, pool_y(block) + 1.3, f"block {block}", ha="center", fontsize=9.5)
-    ax.text(-0.4, POOL_Y + 2.1, "KV pool (one layer); small numbers are slot ids", ha="left", va="center",
-            fontsize=10, fontweight="bold")
+    ax.text(
+        -0.4,
+        POOL_Y + 2.1,
+        "KV pool (one layer); small numbers are slot ids",
+        ha="left",
+        va="center",
+        fontsize=10,
+        fontweight="bold",
+    )
 
     # The sequences, in logical order, with their block tables.
     for row, s in enumerate(order):
@@ -116,18 +137,34 @@ def main() -> None:
             x = seq_x0 + cell_x(logical, offset)
             is_new = position >= cached
             ax.add_patch(Rectangle((x, y), 1, 0.8, facecolor=COLORS[s] if is_new else LIGHT[s], edgecolor="gray"))
-            ax.text(x + 0.5, y + 0.4, str(position), ha="center", va="center", fontsize=8.5,
-                    color="white" if is_new else "black")
+            ax.text(
+                x + 0.5,
+                y + 0.4,
+                str(position),
+                ha="center",
+                va="center",
+                fontsize=8.5,
+                color="white" if is_new else "black",
+            )
         for logical, block in enumerate(table):
             x = seq_x0 + cell_x(logical, 0)
             ax.add_patch(Rectangle((x, y), BLOCK_SIZE, 0.8, fill=False, edgecolor="black", lw=1.2))
-            ax.add_patch(FancyArrowPatch((x + BLOCK_SIZE / 2, y + 0.8),
-                                         (cell_x(block, 0) + BLOCK_SIZE / 2, pool_y(block) - 0.55),
-                                         arrowstyle="-|>", mutation_scale=9, color=COLORS[s], lw=1, alpha=0.75,
-                                         zorder=0.5))  # behind the rows it crosses
+            ax.add_patch(
+                FancyArrowPatch(
+                    (x + BLOCK_SIZE / 2, y + 0.8),
+                    (cell_x(block, 0) + BLOCK_SIZE / 2, pool_y(block) - 0.55),
+                    arrowstyle="-|>",
+                    mutation_scale=9,
+                    color=COLORS[s],
+                    lw=1,
+                    alpha=0.75,
+                    zorder=0.5,
+                )
+            )  # behind the rows it crosses
         what = "prefill: a 6-token prompt" if s == "B" else f"decode: {cached} cached + 1 new"
-        ax.text(seq_x0 - 0.4, y + 0.4, f"{s}: table {table}\n{what}", ha="right", va="center",
-                fontsize=9.5, color=COLORS[s])
+        ax.text(
+            seq_x0 - 0.4, y + 0.4, f"{s}: table {table}\n{what}", ha="right", va="center", fontsize=9.5, color=COLORS[s]
+        )
 
     # This step's metadata, as the model receives it.
     lines = [
@@ -146,8 +183,11 @@ def main() -> None:
     ax.set_ylim(-5.2, POOL_Y + 2.5)
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title(f"Three sequences in a pool of {NUM_BLOCKS} blocks of {BLOCK_SIZE} slots:\nblock tables, and the "
-                 "slots of this step's new tokens", fontsize=11)
+    ax.set_title(
+        f"Three sequences in a pool of {NUM_BLOCKS} blocks of {BLOCK_SIZE} slots:\nblock tables, and the "
+        "slots of this step's new tokens",
+        fontsize=11,
+    )
     fig.tight_layout()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(OUT, dpi=120, bbox_inches="tight", pad_inches=0.1)

@@ -36,12 +36,13 @@ def run() -> tuple[list[dict], list[int], int]:
         for index, (arrival, prompt_len, max_tokens) in enumerate(REQUESTS):
             if arrival == step:
                 prompt = [(index * 31 + j * 7) % 300 + 3 for j in range(prompt_len)]
-                engine.add_request(f"r{index}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens,
-                                                                        ignore_eos=True))
+                engine.add_request(
+                    f"r{index}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+                )
         schedule = engine.scheduler.schedule
         plan_box = {}
 
-        def recording_schedule():
+        def recording_schedule(schedule=schedule, plan_box=plan_box):
             plan_box["plan"] = schedule()
             return plan_box["plan"]
 
@@ -49,7 +50,7 @@ def run() -> tuple[list[dict], list[int], int]:
         engine.step()
         engine.scheduler.schedule = schedule
         plan = plan_box["plan"]
-        prefilled = {seq.request_id for seq in plan.scheduled[len(plan.scheduled) - plan.num_prefills:]}
+        prefilled = {seq.request_id for seq in plan.scheduled[len(plan.scheduled) - plan.num_prefills :]}
         state = {seq.request_id: "waiting" for seq in engine.scheduler.waiting}
         state.update({seq.request_id: "preempted" for seq in plan.preempted})
         for seq in plan.scheduled:
@@ -70,8 +71,7 @@ def main() -> None:
     top.set_yticks(range(len(names)), [f"{n} (P={p}, out={m})" for n, (_, p, m) in zip(names, REQUESTS)])
     top.invert_yaxis()
     top.set_title("Continuous batching: 6 requests, max_num_seqs=4, 12 KV blocks of 4 slots")
-    top.legend(handles=[Patch(color=c, label=s) for s, c in COLORS.items()], loc="lower left", ncols=2,
-               fontsize=8)
+    top.legend(handles=[Patch(color=c, label=s) for s, c in COLORS.items()], loc="lower left", ncols=2, fontsize=8)
     steps = range(1, len(used) + 1)
     bottom.step(steps, used, where="mid", color="#3182bd")
     bottom.axhline(total, color="grey", linestyle="--", linewidth=0.8)

@@ -1,6 +1,6 @@
 """Draw docs/figures/llama_architecture.png: the decoder of chapter 01 with SmolLM2-135M's shapes.
 
-    .venv/bin/python scripts/figures/llama_architecture.py
+.venv/bin/python scripts/figures/llama_architecture.py
 """
 
 from pathlib import Path
@@ -12,20 +12,31 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "figures" / "llama_architecture.png"
-COLORS = {"io": "#eeeeee", "embed": "#f6d5e5", "norm": "#fff2c4", "attn": "#d6e6fb", "mlp": "#d8f0d8",
-          "add": "#ffffff"}
+COLORS = {"io": "#eeeeee", "embed": "#f6d5e5", "norm": "#fff2c4", "attn": "#d6e6fb", "mlp": "#d8f0d8", "add": "#ffffff"}
 
 
 def box(ax, x, y, w, h, text, kind, fontsize=9.5):
     """A rounded box centred on (x, y)."""
-    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.12",
-                                facecolor=COLORS[kind], edgecolor="#555555", linewidth=1))
+    ax.add_patch(
+        FancyBboxPatch(
+            (x - w / 2, y - h / 2),
+            w,
+            h,
+            boxstyle="round,pad=0.02,rounding_size=0.12",
+            facecolor=COLORS[kind],
+            edgecolor="#555555",
+            linewidth=1,
+        )
+    )
     ax.text(x, y, text, ha="center", va="center", fontsize=fontsize, family="DejaVu Sans")
 
 
 def arrow(ax, start, end, color="#444444", **style):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color=color,
-                                 linewidth=1, shrinkA=0, shrinkB=0, **style))
+    ax.add_patch(
+        FancyArrowPatch(
+            start, end, arrowstyle="-|>", mutation_scale=12, color=color, linewidth=1, shrinkA=0, shrinkB=0, **style
+        )
+    )
 
 
 def main_column(ax):
@@ -49,8 +60,17 @@ def main_column(ax):
     for (y0, h0, *_), (y1, h1, *_) in zip(steps, steps[1:]):
         arrow(ax, (x, y0 - h0 / 2), (x, y1 + h1 / 2))
     # The repeated block, and the two residual connections that skip around norm + sublayer.
-    ax.add_patch(FancyBboxPatch((x - w / 2 - 0.45, 5.25), w + 0.9, 7.55, boxstyle="round,pad=0.05",
-                                facecolor="none", edgecolor="#888888", linestyle="--"))
+    ax.add_patch(
+        FancyBboxPatch(
+            (x - w / 2 - 0.45, 5.25),
+            w + 0.9,
+            7.55,
+            boxstyle="round,pad=0.05",
+            facecolor="none",
+            edgecolor="#888888",
+            linestyle="--",
+        )
+    )
     ax.text(x - w / 2 - 0.3, 12.95, "× 30 decoder layers", fontsize=9.5, style="italic", color="#555555")
     for top, bottom in ((12.75, 9.5), (8.95, 5.7)):
         ax.plot([x - w / 2 - 0.2] * 2, [top, bottom], color="#999999", linewidth=1)
@@ -91,9 +111,11 @@ def mlp_detail(ax):
 
 
 def notes(ax):
-    text = ("SmolLM2-135M-Instruct: 134.5 M parameters, 30 layers, hidden 576, vocab 49152.\n"
-            "T = tokens in the sequence. In chapter 01 every step runs all T tokens through all 30 layers,\n"
-            "then keeps only the last row of the logits.")
+    text = (
+        "SmolLM2-135M-Instruct: 134.5 M parameters, 30 layers, hidden 576, vocab 49152.\n"
+        "T = tokens in the sequence. In chapter 01 every step runs all T tokens through all 30 layers,\n"
+        "then keeps only the last row of the logits."
+    )
     ax.text(7.0, 3.6, text, fontsize=9, va="top", color="#333333", linespacing=1.6)
 
 

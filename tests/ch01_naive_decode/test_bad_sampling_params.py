@@ -11,15 +11,44 @@ from hypothesis import strategies as st
 PROMPT = [10, 11, 12]
 
 BAD_VALUES = [
-    ("temperature", math.nan), ("temperature", math.inf), ("temperature", -math.inf), ("temperature", -1),
-    ("temperature", "7"), ("temperature", True), ("temperature", None),
-    ("top_p", 0), ("top_p", -0.5), ("top_p", 1.5), ("top_p", math.nan), ("top_p", "0.5"), ("top_p", True),
-    ("top_k", -1), ("top_k", 1.5), ("top_k", "7"), ("top_k", True), ("top_k", None),
-    ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 1.5), ("max_tokens", True), ("max_tokens", "7"),
-    ("ignore_eos", "yes"), ("ignore_eos", 1), ("ignore_eos", None),
-    ("seed", 1.5), ("seed", -1), ("seed", 2**64), ("seed", "7"), ("seed", True),
-    ("stop_token_ids", 5), ("stop_token_ids", "x"), ("stop_token_ids", ["x"]), ("stop_token_ids", [-1]),
-    ("stop_token_ids", [1.5]), ("stop_token_ids", [True]), ("stop_token_ids", {3}),
+    ("temperature", math.nan),
+    ("temperature", math.inf),
+    ("temperature", -math.inf),
+    ("temperature", -1),
+    ("temperature", "7"),
+    ("temperature", True),
+    ("temperature", None),
+    ("top_p", 0),
+    ("top_p", -0.5),
+    ("top_p", 1.5),
+    ("top_p", math.nan),
+    ("top_p", "0.5"),
+    ("top_p", True),
+    ("top_k", -1),
+    ("top_k", 1.5),
+    ("top_k", "7"),
+    ("top_k", True),
+    ("top_k", None),
+    ("max_tokens", 0),
+    ("max_tokens", -1),
+    ("max_tokens", 1.5),
+    ("max_tokens", True),
+    ("max_tokens", "7"),
+    ("ignore_eos", "yes"),
+    ("ignore_eos", 1),
+    ("ignore_eos", None),
+    ("seed", 1.5),
+    ("seed", -1),
+    ("seed", 2**64),
+    ("seed", "7"),
+    ("seed", True),
+    ("stop_token_ids", 5),
+    ("stop_token_ids", "x"),
+    ("stop_token_ids", ["x"]),
+    ("stop_token_ids", [-1]),
+    ("stop_token_ids", [1.5]),
+    ("stop_token_ids", [True]),
+    ("stop_token_ids", {3}),
 ]
 
 
@@ -30,8 +59,7 @@ def test_bad_value_names_its_field(checkpoint, field, value):
 
 
 def test_limits_are_inclusive_where_documented(checkpoint):
-    edge = checkpoint.SamplingParams(temperature=0, top_p=1, top_k=0, max_tokens=1, seed=2**64 - 1,
-                                     stop_token_ids=(0,))
+    edge = checkpoint.SamplingParams(temperature=0, top_p=1, top_k=0, max_tokens=1, seed=2**64 - 1, stop_token_ids=(0,))
     assert edge.stop_token_ids == [0] and edge.greedy
 
 
@@ -75,22 +103,27 @@ VALID = {
     "max_tokens": st.integers(1, 4),
     "ignore_eos": st.booleans(),
     "seed": st.one_of(st.none(), st.integers(0, 2**64 - 1)),
-    "stop_token_ids": st.one_of(st.none(), st.lists(st.integers(0, 300), max_size=3),
-                                st.lists(st.integers(0, 300), max_size=3).map(tuple)),
+    "stop_token_ids": st.one_of(
+        st.none(), st.lists(st.integers(0, 300), max_size=3), st.lists(st.integers(0, 300), max_size=3).map(tuple)
+    ),
 }
 NOT_A_NUMBER = st.sampled_from(["1", None, True, False, [1]])
 INVALID = {
     "temperature": st.one_of(st.floats(max_value=-1e-300), st.sampled_from([math.nan, math.inf]), NOT_A_NUMBER),
-    "top_p": st.one_of(st.floats(max_value=0), st.floats(min_value=1, exclude_min=True),
-                       st.just(math.nan), NOT_A_NUMBER),
+    "top_p": st.one_of(
+        st.floats(max_value=0), st.floats(min_value=1, exclude_min=True), st.just(math.nan), NOT_A_NUMBER
+    ),
     "top_k": st.one_of(st.integers(max_value=-1), st.floats(allow_nan=False), NOT_A_NUMBER),
     "max_tokens": st.one_of(st.integers(max_value=0), st.floats(), st.sampled_from(["1", True, False, [1]])),
     "ignore_eos": st.one_of(st.integers(), st.sampled_from(["yes", None, [True]])),
-    "seed": st.one_of(st.integers(max_value=-1), st.integers(min_value=2**64), st.floats(),
-                      st.sampled_from(["1", True, False, [1]])),
-    "stop_token_ids": st.one_of(st.integers(min_value=0), st.sampled_from(["x", ""]),
-                                st.lists(st.one_of(st.integers(max_value=-1), st.floats(), st.booleans(),
-                                                   st.text()), min_size=1, max_size=3)),
+    "seed": st.one_of(
+        st.integers(max_value=-1), st.integers(min_value=2**64), st.floats(), st.sampled_from(["1", True, False, [1]])
+    ),
+    "stop_token_ids": st.one_of(
+        st.integers(min_value=0),
+        st.sampled_from(["x", ""]),
+        st.lists(st.one_of(st.integers(max_value=-1), st.floats(), st.booleans(), st.text()), min_size=1, max_size=3),
+    ),
 }
 
 

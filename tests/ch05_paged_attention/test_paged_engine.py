@@ -44,8 +44,9 @@ def test_admission_waits_for_free_blocks(checkpoint, tiny_model_dirs):
         return block
 
     manager.allocator.allocate = recording_allocate
-    outputs = llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-                           use_tqdm=False)
+    outputs = llm.generate(
+        prompts, checkpoint.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
+    )
     assert all(len(o.token_ids) == 8 for o in outputs)
     # 15 allocations (5 blocks each); the pool was emptied between requests, so the count restarted from 1 twice
     assert len(peak_used) == 15 and peak_used.count(1) == 3
@@ -70,8 +71,10 @@ def test_default_pool_is_capped_by_what_the_batch_can_use(checkpoint, checkpoint
 def test_smollm2_on_a_small_pool_matches_transformers(checkpoint, smollm2_hf, smollm2_path):
     llm = checkpoint.LLM(block_size=16, num_kv_blocks=7)  # one request (5 blocks) at a time
     questions = ["What is the capital of France?", "Name two planets.", "What is a noun?"]
-    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                                 add_generation_prompt=True) for q in questions]
+    prompts = [
+        llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
     allocated = record_allocations(llm)
     outputs = llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
     for output in outputs:

@@ -27,8 +27,19 @@ KERNELS = {"store_kv_kernel", "decode_split_kernel", "decode_merge_kernel", "pre
 SHARED_MEMORY_LIMIT = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}
 # The facts that depend only on the kernels and the pinned Triton (PTX and cubin sizes also hold the path
 # of the kernel's source file, for line information, so they differ by a few bytes between checkouts).
-DETERMINISTIC = ("kernel", "arch", "dtype", "head_dim", "constexprs", "intended", "num_warps", "num_stages",
-                 "shared_bytes", "registers", "stack_bytes")
+DETERMINISTIC = (
+    "kernel",
+    "arch",
+    "dtype",
+    "head_dim",
+    "constexprs",
+    "intended",
+    "num_warps",
+    "num_stages",
+    "shared_bytes",
+    "registers",
+    "stack_bytes",
+)
 
 
 @functools.cache
@@ -37,8 +48,13 @@ def compile_facts(checkpoint_name: str) -> list[dict]:
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernel_compile.json"
-        done = subprocess.run([sys.executable, "-m", "benchmarks.kernel_compile", "--checkpoint", checkpoint_name,
-                               "--json", str(path)], cwd=ROOT, env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.kernel_compile", "--checkpoint", checkpoint_name, "--json", str(path)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, done.stderr[-4000:]  # a kernel the GPU compiler rejects fails here
         return json.loads(path.read_text())["rows"]
 
@@ -57,7 +73,7 @@ def test_launchers_reach_every_branch(checkpoint):
         for name, value in row["constexprs"].items():
             chosen.setdefault((row["kernel"], name), set()).add(value)
     max_splits = importlib.import_module(f"{checkpoint.__name__}.kernels.decode_attention").MAX_SPLITS
-    assert chosen[("decode_merge_kernel", "BLOCK_S")] == {2 ** i for i in range(max_splits.bit_length())}
+    assert chosen[("decode_merge_kernel", "BLOCK_S")] == {2**i for i in range(max_splits.bit_length())}
     assert chosen[("decode_split_kernel", "BLOCK_G")] == {16, 128}  # a GQA group padded to 16, or wider
     assert chosen[("prefill_kernel", "BLOCK_M")] == {64, 128}  # BLOCK_M, or a GQA group wider than it
     for kernel in KERNELS:
@@ -78,10 +94,12 @@ def test_warps_and_stages_are_what_the_launcher_chose(checkpoint):
 
 def test_committed_compile_facts_are_current():
     """benchmarks/results/kernel_compile.json (the table of the chapter page) is what the compiler says now."""
+
     def facts(rows):
         return [{name: row[name] for name in DETERMINISTIC} for row in rows]
 
     committed = json.loads(COMMITTED.read_text())
     assert committed["checkpoint"] == "rosellm"
     assert facts(committed["rows"]) == facts(compile_facts("rosellm")), (
-        "the kernels changed: regenerate with python -m benchmarks.kernel_compile")
+        "the kernels changed: regenerate with python -m benchmarks.kernel_compile"
+    )

@@ -30,10 +30,14 @@ def kernels_of(checkpoint):
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(32, 8, 128), (9, 3, 64)])
 def test_decode_long_contexts(checkpoint, dtype, block_size, num_heads, num_kv_heads, head_dim):
     seq_lens = [1, 255, 256, 257, 1000, 4097]  # 4097 keys: the chosen number of splits is more than 1
-    query, key_cache, value_cache, metadata = on_device(make_problem(
-        checkpoint, seq_lens, [1] * len(seq_lens), block_size, num_heads, num_kv_heads, head_dim, dtype=dtype))
+    query, key_cache, value_cache, metadata = on_device(
+        make_problem(
+            checkpoint, seq_lens, [1] * len(seq_lens), block_size, num_heads, num_kv_heads, head_dim, dtype=dtype
+        )
+    )
     out = kernels_of(checkpoint).paged_decode_attention(
-        query, key_cache, value_cache, metadata.seq_lens, metadata.block_tables, metadata.max_seq_len)
+        query, key_cache, value_cache, metadata.seq_lens, metadata.block_tables, metadata.max_seq_len
+    )
     torch.testing.assert_close(out, reference(checkpoint, query, key_cache, value_cache, metadata), **TOLERANCE[dtype])
 
 
@@ -41,11 +45,18 @@ def test_decode_long_contexts(checkpoint, dtype, block_size, num_heads, num_kv_h
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_prefill_long_prompts(checkpoint, dtype, block_size):
     seq_lens, query_lens = [1, 300, 1030, 700], [1, 300, 1030, 200]  # the last: 500 tokens cached
-    query, key_cache, value_cache, metadata = on_device(make_problem(
-        checkpoint, seq_lens, query_lens, block_size, 32, 8, 128, dtype=dtype))
+    query, key_cache, value_cache, metadata = on_device(
+        make_problem(checkpoint, seq_lens, query_lens, block_size, 32, 8, 128, dtype=dtype)
+    )
     out = kernels_of(checkpoint).paged_prefill_attention(
-        query, key_cache, value_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables,
-        metadata.max_query_len)
+        query,
+        key_cache,
+        value_cache,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_tables,
+        metadata.max_query_len,
+    )
     torch.testing.assert_close(out, reference(checkpoint, query, key_cache, value_cache, metadata), **TOLERANCE[dtype])
 
 
@@ -65,8 +76,7 @@ def test_store_kv_many_tokens(checkpoint, dtype):
 def test_engine_on_cuda_defaults_to_triton_and_matches_torch(checkpoint, tiny_model_dirs):
     outputs = {}
     for backend in (None, "torch"):
-        llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), device="cuda", dtype=torch.float32,
-                             attention_backend=backend)
+        llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), device="cuda", dtype=torch.float32, attention_backend=backend)
         assert attention_backend_of(llm).name == (backend or "triton")
         params = checkpoint.SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         outputs[backend] = [o.token_ids for o in llm.generate(MIXED_PROMPTS, params, use_tqdm=False)]
@@ -77,7 +87,8 @@ def test_engine_on_cuda_defaults_to_triton_and_matches_torch(checkpoint, tiny_mo
 def test_smollm2_bf16_on_cuda_runs_on_triton(checkpoint, smollm2_path):
     llm = checkpoint.LLM(device="cuda")  # bf16 and the triton backend: the defaults on CUDA
     assert llm.model.lm_head.weight.dtype == torch.bfloat16 and attention_backend_of(llm).name == "triton"
-    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                               tokenize=False, add_generation_prompt=True)
+    prompt = llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True
+    )
     [output] = llm.generate([prompt], checkpoint.SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
     assert "Paris" in output.text

@@ -72,13 +72,22 @@ def test_store_kv_equals_reference(checkpoint, dtype, block_size, heads):
 def test_decode_equals_reference(checkpoint, dtype, block_size, heads):
     num_heads, num_kv_heads, head_dim = HEADS[heads]
     seq_lens = [1, block_size, block_size + 1, 70]  # 70: three loop steps of 32 keys, or three splits
-    query, key_cache, value_cache, metadata = on_device(make_problem(
-        checkpoint, seq_lens, [1] * 4, block_size, num_heads, num_kv_heads, head_dim, dtype=dtype, seed=block_size))
+    query, key_cache, value_cache, metadata = on_device(
+        make_problem(
+            checkpoint, seq_lens, [1] * 4, block_size, num_heads, num_kv_heads, head_dim, dtype=dtype, seed=block_size
+        )
+    )
     expected = reference(checkpoint, query, key_cache, value_cache, metadata)
     for num_splits in (1, 3):  # with 3, the short sequences have empty splits
         out = kernels_of(checkpoint).paged_decode_attention(
-            query, key_cache, value_cache, metadata.seq_lens, metadata.block_tables, metadata.max_seq_len,
-            num_splits=num_splits)
+            query,
+            key_cache,
+            value_cache,
+            metadata.seq_lens,
+            metadata.block_tables,
+            metadata.max_seq_len,
+            num_splits=num_splits,
+        )
         assert out.dtype == dtype
         torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
 
@@ -96,9 +105,11 @@ def test_decode_with_the_chosen_splits(checkpoint):
     query, key_cache, value_cache, metadata = on_device(make_problem(checkpoint, seq_lens, [1, 1], 16, 4, 1, 64))
     assert kernels_of(checkpoint).choose_num_splits(metadata.max_seq_len) > 1
     out = kernels_of(checkpoint).paged_decode_attention(
-        query, key_cache, value_cache, metadata.seq_lens, metadata.block_tables, metadata.max_seq_len)
-    torch.testing.assert_close(out, reference(checkpoint, query, key_cache, value_cache, metadata),
-                               **TOLERANCE[torch.float32])
+        query, key_cache, value_cache, metadata.seq_lens, metadata.block_tables, metadata.max_seq_len
+    )
+    torch.testing.assert_close(
+        out, reference(checkpoint, query, key_cache, value_cache, metadata), **TOLERANCE[torch.float32]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -110,15 +121,30 @@ def test_prefill_equals_reference(checkpoint, dtype, block_size, heads):
     # cached (24 new of 40); a sequence decoding one token in the same batch (1 new of 20).
     seq_lens = [1, block_size, block_size + 1, 40, 20]
     query_lens = [1, block_size, block_size + 1, 24, 1]
-    query, key_cache, value_cache, metadata = on_device(make_problem(
-        checkpoint, seq_lens, query_lens, block_size, num_heads, num_kv_heads, head_dim, dtype=dtype,
-        seed=block_size))
+    query, key_cache, value_cache, metadata = on_device(
+        make_problem(
+            checkpoint,
+            seq_lens,
+            query_lens,
+            block_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            dtype=dtype,
+            seed=block_size,
+        )
+    )
     out = kernels_of(checkpoint).paged_prefill_attention(
-        query, key_cache, value_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables,
-        metadata.max_query_len)
+        query,
+        key_cache,
+        value_cache,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        metadata.block_tables,
+        metadata.max_query_len,
+    )
     assert out.dtype == dtype
-    torch.testing.assert_close(out, reference(checkpoint, query, key_cache, value_cache, metadata),
-                               **TOLERANCE[dtype])
+    torch.testing.assert_close(out, reference(checkpoint, query, key_cache, value_cache, metadata), **TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1], [1, 5, 1]], ids=["decode", "mixed"])
@@ -138,9 +164,9 @@ def test_dispatch_picks_decode_or_prefill(checkpoint, query_lens, monkeypatch):
 
     spy("paged_decode_attention")
     spy("paged_prefill_attention")
-    query, key_cache, value_cache, metadata = on_device(
-        make_problem(checkpoint, [3, 17, 9], query_lens, 16, 2, 1, 64))
+    query, key_cache, value_cache, metadata = on_device(make_problem(checkpoint, [3, 17, 9], query_lens, 16, 2, 1, 64))
     out = kernels.paged_attention(query, key_cache, value_cache, metadata)
     assert called == ["paged_decode_attention" if max(query_lens) == 1 else "paged_prefill_attention"]
-    torch.testing.assert_close(out, reference(checkpoint, query, key_cache, value_cache, metadata),
-                               **TOLERANCE[torch.float32])
+    torch.testing.assert_close(
+        out, reference(checkpoint, query, key_cache, value_cache, metadata), **TOLERANCE[torch.float32]
+    )

@@ -27,7 +27,7 @@ def count_kernel_calls(checkpoint, monkeypatch) -> dict[str, int]:
     for name in ("paged_decode_attention", "paged_prefill_attention"):
         calls[name] = 0
 
-        def counting(*args, _name=name, _original=getattr(kernels, name), **kwargs):
+        def counting(*args, _name=name, _original=getattr(kernels, name), **kwargs):  # noqa: B008 (bound now)
             calls[_name] += 1
             return _original(*args, **kwargs)
 
@@ -43,8 +43,14 @@ def test_triton_engine_gives_the_torch_engine_tokens(checkpoint, checkpoint_info
     calls = count_kernel_calls(checkpoint, monkeypatch)
     outputs = {}
     for backend in ("torch", "triton"):
-        llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), device=DEVICE, dtype=torch.float32, block_size=4,
-                             attention_backend=backend, **batch_size_option(checkpoint_info, 2))
+        llm = checkpoint.LLM(
+            str(tiny_model_dirs["gqa"]),
+            device=DEVICE,
+            dtype=torch.float32,
+            block_size=4,
+            attention_backend=backend,
+            **batch_size_option(checkpoint_info, 2),
+        )
         assert attention_backend_of(llm).name == backend
         sampling = [checkpoint.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
         outputs[backend] = [o.token_ids for o in llm.generate(prompts, sampling, use_tqdm=False)]
@@ -80,8 +86,10 @@ def test_triton_on_cpu_needs_the_interpreter(checkpoint, tiny_model_dirs, monkey
 
 def test_the_torch_backend_never_imports_triton(checkpoint, tiny_model_dirs):
     """Chapters before 06 and CPU users of the torch backend do not pay for importing Triton."""
-    code = (f"import sys; import {checkpoint.__name__} as r; r.LLM({str(tiny_model_dirs['gqa'])!r}); "
-            "assert 'triton' not in sys.modules, 'triton was imported'")
+    code = (
+        f"import sys; import {checkpoint.__name__} as r; r.LLM({str(tiny_model_dirs['gqa'])!r}); "
+        "assert 'triton' not in sys.modules, 'triton was imported'"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -31,9 +31,13 @@ def whole_prompts(checkpoint) -> dict:
 
 def make_engine(checkpoint, model_dir, scenario: Scenario):
     return checkpoint.LLMEngine(
-        str(model_dir), max_num_seqs=scenario.max_num_seqs, block_size=scenario.block_size,
-        num_kv_blocks=scenario.num_kv_blocks, max_num_batched_tokens=scenario.max_num_batched_tokens,
-        watermark=0.0, **whole_prompts(checkpoint),
+        str(model_dir),
+        max_num_seqs=scenario.max_num_seqs,
+        block_size=scenario.block_size,
+        num_kv_blocks=scenario.num_kv_blocks,
+        max_num_batched_tokens=scenario.max_num_batched_tokens,
+        watermark=0.0,
+        **whole_prompts(checkpoint),
     )
 
 
@@ -60,8 +64,9 @@ def run_step_table(checkpoint, model_dir, scenario: Scenario, table: dict[int, d
         step += 1
         for index, arrival in enumerate(scenario.arrival_steps):
             if arrival == step:
-                params = checkpoint.SamplingParams(temperature=0, max_tokens=scenario.max_tokens[index],
-                                                   ignore_eos=True)
+                params = checkpoint.SamplingParams(
+                    temperature=0, max_tokens=scenario.max_tokens[index], ignore_eos=True
+                )
                 engine.add_request(str(index), prompt_tokens(index, scenario.prompt_lens[index]), params)
         for request_id in scenario.aborts.get(step, []):
             assert engine.abort_request(request_id)

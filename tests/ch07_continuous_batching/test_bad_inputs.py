@@ -108,8 +108,9 @@ def test_sampling_params_must_be_sampling_params(checkpoint, llm, expected):
 
 def test_dict_prompts_in_vllms_shapes_work(checkpoint, llm, expected):
     text = llm.tokenizer.decode(GOOD_PROMPT)
-    by_ids, by_text = llm.generate([{"prompt_token_ids": GOOD_PROMPT}, {"prompt": text}], greedy(checkpoint),
-                                   use_tqdm=False)
+    by_ids, by_text = llm.generate(
+        [{"prompt_token_ids": GOOD_PROMPT}, {"prompt": text}], greedy(checkpoint), use_tqdm=False
+    )
     assert by_ids.token_ids == expected and by_ids.prompt is None
     assert by_text.prompt == text and by_text.prompt_token_ids == llm.tokenizer.encode(text)
 
@@ -194,14 +195,16 @@ def is_valid(kwargs) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
 
     t, p, k, n, s, stop = (kwargs.get(f) for f in values)
-    return all([
-        isinstance(t, float) and 0 <= t < math.inf if "temperature" in kwargs else True,
-        isinstance(p, float) and 0 < p <= 1 if "top_p" in kwargs else True,
-        integer(k) and k >= 0 if "top_k" in kwargs else True,
-        n is None or (integer(n) and n >= 1),
-        s is None or (integer(s) and 0 <= s < 2**64),
-        stop is None or (isinstance(stop, list) and all(t >= 0 for t in stop)),
-    ])
+    return all(
+        [
+            isinstance(t, float) and 0 <= t < math.inf if "temperature" in kwargs else True,
+            isinstance(p, float) and 0 < p <= 1 if "top_p" in kwargs else True,
+            integer(k) and k >= 0 if "top_k" in kwargs else True,
+            n is None or (integer(n) and n >= 1),
+            s is None or (integer(s) and 0 <= s < 2**64),
+            stop is None or (isinstance(stop, list) and all(t >= 0 for t in stop)),
+        ]
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

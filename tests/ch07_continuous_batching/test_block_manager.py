@@ -63,8 +63,7 @@ def test_misuse_is_refused(checkpoint):
         module.BlockManager(num_blocks=4, block_size=0)
 
 
-operations = st.lists(st.tuples(st.sampled_from(["grow", "free"]), st.integers(0, 5), st.integers(1, 40)),
-                      max_size=60)
+operations = st.lists(st.tuples(st.sampled_from(["grow", "free"]), st.integers(0, 5), st.integers(1, 40)), max_size=60)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

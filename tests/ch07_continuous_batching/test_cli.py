@@ -53,6 +53,7 @@ def fake_chapters(monkeypatch):
         return known[number]
 
     import chapters
+
     monkeypatch.setattr(chapters, "checkpoint", checkpoint, raising=False)
     return known
 
@@ -95,8 +96,13 @@ def test_chapter_without_a_clone_says_so(monkeypatch, capsys):
 
 
 def test_bad_option_from_the_shell_has_no_traceback():
-    run = subprocess.run([sys.executable, "-m", "rosellm", "generate", "hi", "--temperature", "-1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "rosellm", "generate", "hi", "--temperature", "-1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2
     assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
     assert "--temperature" in run.stderr
@@ -110,11 +116,14 @@ def test_help_shows_every_default(capsys):
         assert default in out
 
 
-@pytest.mark.parametrize(("chapter", "options", "expected"), [
-    ("03", [], {"device": "cpu"}),
-    ("06", [], {"device": "cpu"}),
-    ("06", ["--attention-backend", "torch"], {"device": "cpu", "attention_backend": "torch"}),
-])
+@pytest.mark.parametrize(
+    ("chapter", "options", "expected"),
+    [
+        ("03", [], {"device": "cpu"}),
+        ("06", [], {"device": "cpu"}),
+        ("06", ["--attention-backend", "torch"], {"device": "cpu", "attention_backend": "torch"}),
+    ],
+)
 def test_chapter_gets_only_what_it_declares(chapter, options, expected, fake_chapters, capsys):
     cli.main(["generate", "hello", "--raw", "--chapter", chapter, *options])
     assert fake_chapters[int(chapter)].llm_options == expected
@@ -124,8 +133,7 @@ def test_chapter_gets_only_what_it_declares(chapter, options, expected, fake_cha
 
 
 def test_run_reports_time_to_first_token_and_decode_apart(tiny_model_dirs, capsys):
-    cli.main(["generate", "The quick brown fox", "--raw", "--model", str(tiny_model_dirs["gqa"]),
-              "--max-tokens", "4"])
+    cli.main(["generate", "The quick brown fox", "--raw", "--model", str(tiny_model_dirs["gqa"]), "--max-tokens", "4"])
     err = capsys.readouterr().err
     assert "loading gqa on cpu ... done in" in err
     timing = err.strip().splitlines()[-1]
@@ -137,8 +145,9 @@ def test_conversion_notice_predicts_the_loader_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ROSELLM_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"not read: the conversion is replaced below")
-    monkeypatch.setattr(loader, "write_hf_folder_from_gguf",
-                        lambda path, out: (out / "model.safetensors").write_bytes(b""))
+    monkeypatch.setattr(
+        loader, "write_hf_folder_from_gguf", lambda path, out: (out / "model.safetensors").write_bytes(b"")
+    )
     assert cli.pending_gguf_conversion(rosellm, str(gguf)) == gguf
     loader.gguf_to_hf_folder(gguf)
     assert cli.pending_gguf_conversion(rosellm, str(gguf)) is None

@@ -8,8 +8,14 @@ from tests.oracle import hf_greedy
 
 @pytest.fixture
 def engine(checkpoint, tiny_model_dirs):
-    return checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), max_num_seqs=4, block_size=4, num_kv_blocks=40,
-                                max_num_batched_tokens=64, **whole_prompts(checkpoint))
+    return checkpoint.LLMEngine(
+        str(tiny_model_dirs["gqa"]),
+        max_num_seqs=4,
+        block_size=4,
+        num_kv_blocks=40,
+        max_num_batched_tokens=64,
+        **whole_prompts(checkpoint),
+    )
 
 
 def drain(engine) -> dict:
@@ -25,7 +31,7 @@ def test_requests_arriving_online_match_transformers(checkpoint, engine, tiny_hf
     prompts = {"a": [5, 6, 7], "b": list(range(20, 40)), "c": [9], "d": list(range(50, 61)), "e": [3, 4]}
     greedy = checkpoint.SamplingParams(temperature=0, max_tokens=12)
     finished = {}
-    for step, (request_id, prompt) in enumerate(prompts.items()):
+    for request_id, prompt in prompts.items():
         engine.add_request(request_id, prompt, greedy)  # one new request every step
         for output in engine.step():
             if output.finished:
@@ -39,14 +45,15 @@ def test_requests_arriving_online_match_transformers(checkpoint, engine, tiny_hf
 def test_each_request_keeps_its_sampling_params(checkpoint, engine, tiny_model_dirs):
     engine.add_request("greedy", [5, 6, 7], checkpoint.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     engine.add_request("short", [5, 6, 7], checkpoint.SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-    engine.add_request("seeded", [5, 6, 7], checkpoint.SamplingParams(temperature=1.0, max_tokens=6,
-                                                                      ignore_eos=True, seed=11))
+    engine.add_request(
+        "seeded", [5, 6, 7], checkpoint.SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=11)
+    )
     finished = drain(engine)
     assert len(finished["short"].token_ids) == 2
     assert finished["short"].token_ids == finished["greedy"].token_ids[:2]
     alone = checkpoint.LLM(str(tiny_model_dirs["gqa"])).generate(
-        [[5, 6, 7]], checkpoint.SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=11),
-        use_tqdm=False)[0]
+        [[5, 6, 7]], checkpoint.SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=11), use_tqdm=False
+    )[0]
     assert finished["seeded"].token_ids == alone.token_ids
 
 

@@ -54,8 +54,11 @@ def test_mixed_step_equals_the_reference_and_dense_attention(checkpoint, block_s
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=st.lists(st.tuples(st.integers(1, 70), st.integers(0, 70)), min_size=1, max_size=8),
-       block_size=st.sampled_from([1, 4, 16]), seed=st.integers(0, 2**16))
+@given(
+    rows=st.lists(st.tuples(st.integers(1, 70), st.integers(0, 70)), min_size=1, max_size=8),
+    block_size=st.sampled_from([1, 4, 16]),
+    seed=st.integers(0, 2**16),
+)
 def test_random_batches_equal_the_reference(checkpoint, rows, block_size, seed):
     seq_lens = [n + q for n, q in rows]  # n cached or new tokens, then q more (a decode when q <= 1)
     query_lens = [max(1, q) if q > 1 else 1 for _, q in rows]

@@ -43,12 +43,17 @@ request = st.tuples(
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests=st.lists(request, min_size=1, max_size=6), num_kv_blocks=st.integers(8, 24),
-       max_num_seqs=st.integers(1, 4), block_size=st.sampled_from([1, 2, 4]))
+@given(
+    requests=st.lists(request, min_size=1, max_size=6),
+    num_kv_blocks=st.integers(8, 24),
+    max_num_seqs=st.integers(1, 4),
+    block_size=st.sampled_from([1, 2, 4]),
+)
 def test_random_schedules(checkpoint, tiny_model_dirs, requests, num_kv_blocks, max_num_seqs, block_size):
     model_dir = tiny_model_dirs["gqa"]
-    engine = checkpoint.LLMEngine(str(model_dir), max_num_seqs=max_num_seqs, block_size=block_size,
-                                  num_kv_blocks=num_kv_blocks, watermark=0.0)
+    engine = checkpoint.LLMEngine(
+        str(model_dir), max_num_seqs=max_num_seqs, block_size=block_size, num_kv_blocks=num_kv_blocks, watermark=0.0
+    )
     accepted, aborted, finished = {}, set(), {}
     step = 0
     while step < 6 or engine.has_unfinished_requests():

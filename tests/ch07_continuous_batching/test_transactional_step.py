@@ -18,8 +18,9 @@ class Injected(Exception):
 
 
 def make_engine(checkpoint, tiny_model_dirs):
-    return checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), max_num_seqs=3, block_size=2, num_kv_blocks=12,
-                                watermark=0.0)
+    return checkpoint.LLMEngine(
+        str(tiny_model_dirs["gqa"]), max_num_seqs=3, block_size=2, num_kv_blocks=12, watermark=0.0
+    )
 
 
 def params(checkpoint, max_tokens: int, seeded: bool):
@@ -34,14 +35,19 @@ def snapshot(engine) -> dict:
     seqs = list(scheduler.waiting) + scheduler.running
     kv = {}
     for seq in scheduler.running:  # the keys and values of its computed tokens, read through its table
-        slots = torch.tensor([seq.block_table[p // pool.block_size] * pool.block_size + p % pool.block_size
-                              for p in range(seq.num_computed_tokens)])
+        slots = torch.tensor(
+            [
+                seq.block_table[p // pool.block_size] * pool.block_size + p % pool.block_size
+                for p in range(seq.num_computed_tokens)
+            ]
+        )
         kv[seq.request_id] = (pool.keys.flatten(1, 2)[:, slots].clone(), pool.values.flatten(1, 2)[:, slots].clone())
     return {
         "waiting": [s.request_id for s in scheduler.waiting],
         "running": [s.request_id for s in scheduler.running],
-        "seqs": {s.request_id: (s.status, s.num_computed_tokens, list(s.block_table), list(s.output_token_ids))
-                 for s in seqs},
+        "seqs": {
+            s.request_id: (s.status, s.num_computed_tokens, list(s.block_table), list(s.output_token_ids)) for s in seqs
+        },
         "allocator": (list(engine.block_manager.allocator.free_ids), list(engine.block_manager.allocator.ref_counts)),
         "kv": kv,
         "generators": {rid: state.generator.get_state() for rid, state in engine.requests.items() if state.generator},
@@ -92,8 +98,15 @@ def run(checkpoint, engine, seeded: bool, fail_at: int | None = None, patch=None
             assert_same(before, snapshot(engine))
             outputs = engine.step()  # the same step again
         plan = plans[-1]
-        kinds.append("preempt" if plan.preempted else "mixed" if 0 < plan.num_prefills < len(plan.scheduled)
-                     else "prefill" if plan.num_prefills else "decode")
+        kinds.append(
+            "preempt"
+            if plan.preempted
+            else "mixed"
+            if 0 < plan.num_prefills < len(plan.scheduled)
+            else "prefill"
+            if plan.num_prefills
+            else "decode"
+        )
         for output in outputs:
             if output.finished:
                 tokens[output.request_id] = output.token_ids

@@ -17,9 +17,11 @@ import pytest
 pytestmark = pytest.mark.repo
 
 ROOT = Path(__file__).resolve().parents[2]
-PATTERNS = [re.compile(line, re.IGNORECASE)
-            for line in (Path(__file__).parent / "book_forbidden_words.txt").read_text().splitlines()
-            if line.strip() and not line.startswith("#")]
+PATTERNS = [
+    re.compile(line, re.IGNORECASE)
+    for line in (Path(__file__).parent / "book_forbidden_words.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
 
 
 def notebook_text(path: Path) -> str:
@@ -55,8 +57,11 @@ def book_texts() -> dict[str, str]:
 
 
 def offending_lines(text: str) -> list[str]:
-    return [f"{number}: {line.strip()}" for number, line in enumerate(text.splitlines(), 1)
-            if any(pattern.search(line) for pattern in PATTERNS)]
+    return [
+        f"{number}: {line.strip()}"
+        for number, line in enumerate(text.splitlines(), 1)
+        if any(pattern.search(line) for pattern in PATTERNS)
+    ]
 
 
 def test_the_check_knows_what_to_look_for():

@@ -22,8 +22,9 @@ class LLM:
     max_model_len: the longest sequence (prompt + generated tokens); defaults to the model's context.
     """
 
-    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
-                 max_model_len: int | None = None):
+    def __init__(
+        self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, max_model_len: int | None = None
+    ):
         self.device = torch.device(device)
         self.model, self.tokenizer = load_model(model, self.device, dtype)
         config = self.model.config
@@ -36,8 +37,9 @@ class LLM:
 
     # --- public API -----------------------------------------------------------------------------------
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params=None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Prompt | Sequence[Prompt], sampling_params=None, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in input order."""
         requests = self._make_requests(prompts, sampling_params)
         for output, params in tqdm(requests, desc="generate", disable=not use_tqdm):
@@ -45,8 +47,9 @@ class LLM:
                 pass
         return [output for output, _ in requests]
 
-    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None
-               ) -> Generator[str, None, RequestOutput]:
+    def stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> Generator[str, None, RequestOutput]:
         """Generate for one prompt, yielding text pieces as soon as they are complete characters.
         The generator's return value (`StopIteration.value`) is the finished `RequestOutput`."""
         [(output, params)] = self._make_requests([prompt], sampling_params)
@@ -157,8 +160,9 @@ def normalize_prompts(prompts) -> list[Prompt]:
         prompts = [prompts]
     for p in prompts:
         if not isinstance(p, str) and not (isinstance(p, (list, tuple)) and all(is_token_id(t) for t in p)):
-            raise ValueError(f"a prompt must be a str or a list of int token ids (dict prompts come with "
-                             f"chapter 07), got {p!r:.80}")
+            raise ValueError(
+                f"a prompt must be a str or a list of int token ids (dict prompts come with chapter 07), got {p!r:.80}"
+            )
     return prompts
 
 

@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     llm = LLM(model=args.model)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed)
+    params = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=args.seed
+    )
     if args.command == "generate":
         questions, raw = [args.prompt], args.raw
     else:
@@ -60,8 +61,10 @@ def main(argv: list[str] | None = None) -> None:
         output = print_stream(llm.stream(prompt, params))
         total_seconds += time.perf_counter() - start
         total_tokens += len(output.token_ids)
-    print(f"\n[{total_tokens} tokens in {total_seconds:.2f} s: {total_tokens / total_seconds:.1f} tokens/s]",
-          file=sys.stderr)
+    print(
+        f"\n[{total_tokens} tokens in {total_seconds:.2f} s: {total_tokens / total_seconds:.1f} tokens/s]",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -89,8 +89,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                kv_cache: KVCache | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None
+    ) -> torch.Tensor:
         batch, seq, _ = x.shape
         # [batch, heads, seq, head_dim]
         q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
@@ -131,8 +132,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                kv_cache: KVCache | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -147,8 +149,9 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None = None
+    ) -> torch.Tensor:
         # input_ids, positions: [batch, seq] -> hidden states [batch, seq, hidden]
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions)
@@ -168,8 +171,9 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache | None = None
+    ) -> torch.Tensor:
         """Hidden states [batch, seq, hidden] of every new position. With a `kv_cache`, the new tokens'
         keys and values are appended to it and attention also covers the tokens cached before."""
         return self.model(input_ids, positions, kv_cache)

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 # Temperatures below this are greedy, as in vLLM: dividing logits by a tinier one overflows to inf.
 GREEDY_TEMPERATURE = 1e-5
 MAX_SEED = 2**64  # what torch.Generator.manual_seed accepts: [0, 2**64)

@@ -7,8 +7,14 @@ from .sampling import SamplingParams, make_generator, sample
 
 
 class InferenceSession:
-    def __init__(self, engine: InferenceEngine, output: RequestOutput, params: SamplingParams,
-                 eos_token_ids: set[int], max_model_len: int):
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        output: RequestOutput,
+        params: SamplingParams,
+        eos_token_ids: set[int],
+        max_model_len: int,
+    ):
         self.engine = engine
         self.output = output
         self.params = params

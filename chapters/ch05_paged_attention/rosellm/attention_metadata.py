@@ -25,8 +25,9 @@ class AttentionMetadata:
     max_seq_len: int
 
     @classmethod
-    def build(cls, new_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor, block_size: int,
-              device: torch.device) -> "AttentionMetadata":
+    def build(
+        cls, new_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor, block_size: int, device: torch.device
+    ) -> "AttentionMetadata":
         """From each sequence's count of new tokens, its length after them, and its block table."""
         new = torch.tensor(new_lens)  # [batch]
         lens = torch.tensor(seq_lens)  # [batch]

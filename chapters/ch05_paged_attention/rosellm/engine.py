@@ -29,8 +29,9 @@ class InferenceEngine:
         seq_lens[b]: sequence b's length once its new tokens are stored; block_tables: [batch, max_blocks]
         with enough blocks for that. Returns hidden states [num_tokens, hidden], sequences end to end.
         """
-        metadata = AttentionMetadata.build([len(t) for t in token_lists], seq_lens, block_tables,
-                                           self.kv_pool.block_size, self.device)
+        metadata = AttentionMetadata.build(
+            [len(t) for t in token_lists], seq_lens, block_tables, self.kv_pool.block_size, self.device
+        )
         input_ids = torch.tensor([t for tokens in token_lists for t in tokens], device=self.device)  # [num_tokens]
         return self.model(input_ids, metadata, self.kv_pool)
 

@@ -6,8 +6,8 @@ Both have the same two functions with the same contract:
 """
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -12,8 +12,7 @@ class KVPool:
     `p % block_size`; which blocks a sequence owns is the block manager's business, not ours.
     """
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device):
         shape = (config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)

@@ -29,10 +29,18 @@ class LLM:
     "torch" elsewhere.
     """
 
-    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None,
-                 max_model_len: int | None = None, max_batch_size: int = 32, block_size: int = 16,
-                 num_kv_blocks: int | None = None, kv_cache_memory: int = 1 << 30,
-                 attention_backend: str | None = None):
+    def __init__(
+        self,
+        model=None,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        max_model_len: int | None = None,
+        max_batch_size: int = 32,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: int = 1 << 30,
+        attention_backend: str | None = None,
+    ):
         self.engine = InferenceEngine(model, device, dtype, attention_backend)
         self.model, self.tokenizer = self.engine.model, self.engine.tokenizer
         config = self.model.config
@@ -52,8 +60,9 @@ class LLM:
 
     # --- public API -----------------------------------------------------------------------------------
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params=None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Prompt | Sequence[Prompt], sampling_params=None, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
         """Generate for every prompt, batched; outputs come back in input order."""
         requests = self._make_requests(prompts, sampling_params)
         sessions = []
@@ -70,8 +79,9 @@ class LLM:
                 self.scheduler.abort(session)
         return [output for output, _ in requests]
 
-    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None
-               ) -> Generator[str, None, RequestOutput]:
+    def stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> Generator[str, None, RequestOutput]:
         """Generate for one prompt, yielding text pieces as soon as they are complete characters.
         The generator's return value (`StopIteration.value`) is the finished `RequestOutput`.
         Closing it early (or an exception) drops the request."""
@@ -182,8 +192,9 @@ def normalize_prompts(prompts) -> list[Prompt]:
         prompts = [prompts]
     for p in prompts:
         if not isinstance(p, str) and not (isinstance(p, (list, tuple)) and all(is_token_id(t) for t in p)):
-            raise ValueError(f"a prompt must be a str or a list of int token ids (dict prompts come with "
-                             f"chapter 07), got {p!r:.80}")
+            raise ValueError(
+                f"a prompt must be a str or a list of int token ids (dict prompts come with chapter 07), got {p!r:.80}"
+            )
     return prompts
 
 

@@ -6,8 +6,13 @@ import torch.nn.functional as F
 from .attention_metadata import AttentionMetadata
 
 
-def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Write each new token's key and value into its slot of the pool (slot -1: skip the token).
 
     key, value:             [num_tokens, num_kv_heads, head_dim]
@@ -33,8 +38,9 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, max_seq_len: int)
     return cache[tables].flatten(1, 2)
 
 
-def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    metadata: AttentionMetadata) -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata
+) -> torch.Tensor:
     """Causal attention of the new tokens over their sequences' cached keys and values.
 
     query: [num_tokens, num_heads, head_dim] (the new tokens of every sequence, end to end)

@@ -9,8 +9,14 @@ from .sampling import SamplingParams, make_generator, sample
 
 
 class InferenceSession:
-    def __init__(self, engine: InferenceEngine, output: RequestOutput, params: SamplingParams,
-                 eos_token_ids: set[int], max_model_len: int):
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        output: RequestOutput,
+        params: SamplingParams,
+        eos_token_ids: set[int],
+        max_model_len: int,
+    ):
         self.output = output
         self.params = params
         self.eos_token_ids = eos_token_ids

@@ -11,8 +11,8 @@ Every backend has the same three methods:
 """
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -26,12 +26,16 @@ def padding_groups(query_lens: list[int], seq_lens: list[int], min_fill: float =
     what a group reads and computes is padding)."""
     groups = []
     for decode in (True, False):
-        rows = sorted((b for b, q in enumerate(query_lens) if (q == 1) == decode),
-                      key=lambda b: (seq_lens[b], query_lens[b]), reverse=True)
+        rows = sorted(
+            (b for b, q in enumerate(query_lens) if (q == 1) == decode),
+            key=lambda b: (seq_lens[b], query_lens[b]),
+            reverse=True,
+        )
         group: list[int] = []
         for b in rows:
-            if group and (seq_lens[b] < min_fill * seq_lens[group[0]]
-                          or query_lens[b] < min_fill * query_lens[group[0]]):
+            if group and (
+                seq_lens[b] < min_fill * seq_lens[group[0]] or query_lens[b] < min_fill * query_lens[group[0]]
+            ):
                 groups.append(group)
                 group = []
             group.append(b)
@@ -83,8 +87,9 @@ class GroupedAttentionBackend:
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         store_kv(key, value, key_cache, value_cache, slot_mapping)
 
-    def paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                        metadata: AttentionMetadata) -> torch.Tensor:
+    def paged_attention(
+        self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
         """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], as the reference."""
         if metadata is not self.metadata:
             raise RuntimeError("begin_forward(metadata) must plan this forward before its attention runs")
@@ -93,8 +98,14 @@ class GroupedAttentionBackend:
             self._attend(group, query, key_cache, value_cache, out)
         return out
 
-    def _attend(self, group: GroupPlan, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                out: torch.Tensor) -> None:
+    def _attend(
+        self,
+        group: GroupPlan,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
         keys = self._gather(key_cache, group, "keys")  # [size, keys, kv_heads, head_dim]
         values = self._gather(value_cache, group, "values")
         if group.max_query_len == 1:

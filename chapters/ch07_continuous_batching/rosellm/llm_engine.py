@@ -35,8 +35,14 @@ class RequestState:
     def output(self, finish_reason: str | None = None) -> RequestOutput:
         """A snapshot for the caller: later steps never change it."""
         seq = self.seq
-        return RequestOutput(seq.request_id, self.prompt, list(seq.prompt_token_ids), list(seq.output_token_ids),
-                             self.text, finish_reason)
+        return RequestOutput(
+            seq.request_id,
+            self.prompt,
+            list(seq.prompt_token_ids),
+            list(seq.output_token_ids),
+            self.text,
+            finish_reason,
+        )
 
 
 class LLMEngine:
@@ -61,8 +67,9 @@ class LLMEngine:
         self.block_manager = BlockManager(num_kv_blocks, config.block_size)
         self.model_runner.allocate_kv_pool(num_kv_blocks, config.block_size, self.max_model_len)
         token_budget = config.max_num_batched_tokens or max(self.max_model_len, 2048)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, token_budget,
-                                   config.watermark_blocks(num_kv_blocks))
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, token_budget, config.watermark_blocks(num_kv_blocks)
+        )
         self.requests: dict[str, RequestState] = {}
         self._request_counter = itertools.count()
 
@@ -177,12 +184,15 @@ class LLMEngine:
             elif set(prompt) == {"prompt_token_ids"}:
                 prompt = prompt["prompt_token_ids"]
             else:
-                raise ValueError('a dict prompt must be {"prompt": str} or {"prompt_token_ids": [int, ...]}, '
-                                 f"got keys {sorted(prompt)}")
+                raise ValueError(
+                    'a dict prompt must be {"prompt": str} or {"prompt_token_ids": [int, ...]}, '
+                    f"got keys {sorted(prompt)}"
+                )
         if isinstance(prompt, str):
             return prompt, (self.tokenizer.encode(prompt) if prompt else [])
         if isinstance(prompt, (list, tuple)) and all(
-                isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt
+        ):
             return None, [int(t) for t in prompt]
         raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
@@ -193,8 +203,10 @@ class LLMEngine:
         if not token_ids:
             raise ValueError(f"{name}: the prompt is empty")
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"{name}: the prompt has {len(token_ids)} tokens; max_model_len={self.max_model_len} "
-                             f"leaves room for at most {self.max_model_len - 1} prompt tokens")
+            raise ValueError(
+                f"{name}: the prompt has {len(token_ids)} tokens; max_model_len={self.max_model_len} "
+                f"leaves room for at most {self.max_model_len - 1} prompt tokens"
+            )
         vocab = self.model.config.vocab_size
         if not all(0 <= t < vocab for t in token_ids):
             raise ValueError(f"{name}: the prompt has token ids outside the vocabulary [0, {vocab})")
@@ -202,9 +214,13 @@ class LLMEngine:
             raise ValueError(f"{name}: stop_token_ids has ids outside the vocabulary [0, {vocab})")
         budget = self.scheduler.max_num_batched_tokens
         if seq.max_kv_tokens > budget:
-            raise ValueError(f"{name}: prompt + max_tokens may need a prefill of {seq.max_kv_tokens} tokens, more "
-                             f"than max_num_batched_tokens={budget} (one step's token budget)")
+            raise ValueError(
+                f"{name}: prompt + max_tokens may need a prefill of {seq.max_kv_tokens} tokens, more "
+                f"than max_num_batched_tokens={budget} (one step's token budget)"
+            )
         needed = self.block_manager.blocks_needed(seq.max_kv_tokens)
         if needed > self.block_manager.num_total_blocks:
-            raise ValueError(f"{name}: prompt + max_tokens need {needed} KV blocks of {self.block_manager.block_size} "
-                             f"tokens, the pool has num_kv_blocks={self.block_manager.num_total_blocks}")
+            raise ValueError(
+                f"{name}: prompt + max_tokens need {needed} KV blocks of {self.block_manager.block_size} "
+                f"tokens, the pool has num_kv_blocks={self.block_manager.num_total_blocks}"
+            )

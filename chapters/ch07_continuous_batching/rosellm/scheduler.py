@@ -52,13 +52,16 @@ class Scheduler:
     undo it: `rollback(plan)` puts everything back if the step fails.
     """
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 watermark_blocks: int = 0):
+    def __init__(
+        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, watermark_blocks: int = 0
+    ):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
-                             f"({max_num_seqs}), so that every running sequence can decode")
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({max_num_seqs}), so that every running sequence can decode"
+            )
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -121,8 +124,12 @@ class Scheduler:
         return None
 
     def _save(self) -> SchedulerState:
-        return SchedulerState(list(self.waiting), list(self.running), self.block_manager.allocator.save(),
-                              {seq: seq.save() for seq in self.running})
+        return SchedulerState(
+            list(self.waiting),
+            list(self.running),
+            self.block_manager.allocator.save(),
+            {seq: seq.save() for seq in self.running},
+        )
 
     def _reserve_decode_slots(self) -> list[Sequence]:
         """A slot for every running sequence's next token, preempting the newest ones when blocks run out."""

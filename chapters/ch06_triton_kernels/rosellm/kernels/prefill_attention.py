@@ -20,24 +20,30 @@ BLOCK_N = 32  # keys per step of the loop inside a program
 
 @triton.jit
 def prefill_kernel(
-    query_ptr,                          # [num_tokens, num_heads, head_dim]
-    key_cache_ptr, value_cache_ptr,     # [num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables_ptr,                   # [batch, max_blocks] int32
-    query_start_loc_ptr,                # [batch + 1]
-    seq_lens_ptr,                       # [batch]
-    out_ptr,                            # [num_tokens, num_heads, head_dim]
-    stride_qt, stride_qh,
-    stride_cb, stride_cs, stride_ch,
+    query_ptr,  # [num_tokens, num_heads, head_dim]
+    key_cache_ptr,
+    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables_ptr,  # [batch, max_blocks] int32
+    query_start_loc_ptr,  # [batch + 1]
+    seq_lens_ptr,  # [batch]
+    out_ptr,  # [num_tokens, num_heads, head_dim]
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
     stride_bt,
-    stride_ot, stride_oh,
-    scale_log2,                         # softmax scale * log2(e): we use exp2 instead of exp
-    head_dim, block_size,
-    GROUP: tl.constexpr,                # query heads per KV head
-    QUERIES: tl.constexpr,              # query tokens per program: BLOCK_M // GROUP
+    stride_ot,
+    stride_oh,
+    scale_log2,  # softmax scale * log2(e): we use exp2 instead of exp
+    head_dim,
+    block_size,
+    GROUP: tl.constexpr,  # query heads per KV head
+    QUERIES: tl.constexpr,  # query tokens per program: BLOCK_M // GROUP
     BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr,              # head_dim padded to a power of 2, at least 16
+    BLOCK_D: tl.constexpr,  # head_dim padded to a power of 2, at least 16
     BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,        # "ieee" in fp32 (no TF32 rounding), "tf32" (unused) in 16-bit
+    DOT_PRECISION: tl.constexpr,  # "ieee" in fp32 (no TF32 rounding), "tf32" (unused) in 16-bit
 ):
     """Grid: (batch, cdiv(max_query_len, QUERIES), num_kv_heads). Program (b, j, h) computes new tokens
     j * QUERIES ... j * QUERIES + QUERIES - 1 of sequence b, for the GROUP query heads of KV head h,
@@ -71,8 +77,7 @@ def prefill_kernel(
         keys = tile + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         key_mask = keys < kv_end
         blocks = tl.load(block_tables_ptr + seq * stride_bt + keys // block_size, mask=key_mask, other=0)
-        where = (blocks.to(tl.int64) * stride_cb + (keys % block_size) * stride_cs
-                 + kv_head * stride_ch)  # [BLOCK_N]
+        where = blocks.to(tl.int64) * stride_cb + (keys % block_size) * stride_cs + kv_head * stride_ch  # [BLOCK_N]
         kv_mask = key_mask[:, None] & dim_mask[None, :]  # [BLOCK_N, BLOCK_D]
         k = tl.load(key_cache_ptr + where[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         v = tl.load(value_cache_ptr + where[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
@@ -95,15 +100,27 @@ def prefill_kernel(
 def prefill_launch(group: int, head_dim: int, dtype: torch.dtype) -> dict:
     """What `paged_prefill_attention` compiles its kernel with: the constexprs and Triton's launch options."""
     block_m = max(BLOCK_M, triton.next_power_of_2(group))  # a GQA group wider than BLOCK_M: one token per program
-    return dict(GROUP=group, QUERIES=block_m // group, BLOCK_M=block_m,
-                BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                BLOCK_N=BLOCK_N, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-                num_warps=4, num_stages=3)  # Triton's defaults: three stages pipeline the loads of the key loop
+    return dict(
+        GROUP=group,
+        QUERIES=block_m // group,
+        BLOCK_M=block_m,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_N=BLOCK_N,
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        num_warps=4,
+        num_stages=3,
+    )  # Triton's defaults: three stages pipeline the loads of the key loop
 
 
-def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                            max_query_len: int) -> torch.Tensor:
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+) -> torch.Tensor:
     """query: [num_tokens, num_heads, head_dim], every sequence's new tokens end to end (their keys already
     stored); key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim];
     query_start_loc: [batch + 1]; seq_lens: [batch]; block_tables: [batch, max_blocks]
@@ -115,13 +132,24 @@ def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_
     assert query.stride(-1) == key_cache.stride(-1) == 1 and key_cache.stride() == value_cache.stride()
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
     prefill_kernel[(batch, triton.cdiv(max_query_len, launch["QUERIES"]), num_kv_heads)](
-        query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, out,
-        query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        head_dim ** -0.5 * math.log2(math.e),
-        head_dim, key_cache.shape[1],
+        out.stride(0),
+        out.stride(1),
+        head_dim**-0.5 * math.log2(math.e),
+        head_dim,
+        key_cache.shape[1],
         **launch,
     )
     return out

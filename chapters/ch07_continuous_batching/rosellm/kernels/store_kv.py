@@ -10,13 +10,23 @@ import triton.language as tl
 
 @triton.jit
 def store_kv_kernel(
-    key_ptr, value_ptr,                # [num_tokens, num_kv_heads, head_dim]
-    key_cache_ptr, value_cache_ptr,    # [num_blocks, block_size, num_kv_heads, head_dim]
-    slot_mapping_ptr,                  # [num_tokens]
-    stride_kt, stride_kh, stride_vt, stride_vh,  # strides of key and value (the last one is 1)
-    stride_cb, stride_cs, stride_ch,   # strides of the caches (the last one is 1)
-    num_kv_heads, head_dim, block_size,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,  # num_kv_heads and head_dim, rounded up to powers of 2
+    key_ptr,
+    value_ptr,  # [num_tokens, num_kv_heads, head_dim]
+    key_cache_ptr,
+    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping_ptr,  # [num_tokens]
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,  # strides of key and value (the last one is 1)
+    stride_cb,
+    stride_cs,
+    stride_ch,  # strides of the caches (the last one is 1)
+    num_kv_heads,
+    head_dim,
+    block_size,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # num_kv_heads and head_dim, rounded up to powers of 2
 ):
     """Grid: (num_tokens,). Program t copies token t's [num_kv_heads, head_dim] keys and values."""
     token = tl.program_id(0)
@@ -36,12 +46,21 @@ def store_kv_kernel(
 
 def store_kv_launch(num_kv_heads: int, head_dim: int) -> dict:
     """What `store_kv` compiles its kernel with for these shapes: the constexprs and Triton's launch options."""
-    return dict(BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-                num_warps=4, num_stages=1)  # one stage: the kernel has no loop to pipeline
+    return dict(
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=4,
+        num_stages=1,
+    )  # one stage: the kernel has no loop to pipeline
 
 
-def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Same contract as the reference `paged_attention.store_kv` (slot -1: skip the token).
 
     key, value:             [num_tokens, num_kv_heads, head_dim]
@@ -54,9 +73,20 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, va
     assert key.stride(-1) == value.stride(-1) == key_cache.stride(-1) == 1, "the head dimension must be contiguous"
     assert key_cache.stride() == value_cache.stride()
     store_kv_kernel[(num_tokens,)](
-        key, value, key_cache, value_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        num_kv_heads, head_dim, key_cache.shape[1],
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        num_kv_heads,
+        head_dim,
+        key_cache.shape[1],
         **store_kv_launch(num_kv_heads, head_dim),
     )
