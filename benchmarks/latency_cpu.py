@@ -9,6 +9,8 @@ request is a workload of one); rosellm and transformers keep the fastest of `--r
     python -m benchmarks latency-cpu [--peers vllm,llamacpp] [--quick]
 """
 
+import chapters
+
 from . import harness, offline_cpu
 
 NAME = "latency-cpu"
@@ -41,7 +43,8 @@ def at_batch_1(result: dict, s: dict, model: str | None) -> dict:
     time - first token's), the first being the prefill's; TTFT is its time."""
     roof, n = result["roofline"], s["max_tokens"]
     for e in result["engines"]:
-        e["label"] = {"rosellm": "rosellm (ch07)", "hf-generate": "transformers generate"}.get(e["engine"], e["label"])
+        rosellm = f"rosellm (ch{chapters.latest().number:02d})"
+        e["label"] = {"rosellm": rosellm, "hf-generate": "transformers generate"}.get(e["engine"], e["label"])
         if "error" not in e:
             e["ttft_ms"], e["tpot_ms"] = e["ttft_ms"]["median"], e["tpot_ms"]["median"]
             e["decode_tokens_per_s"] = round(1000 / e["tpot_ms"], 2)

@@ -15,6 +15,8 @@ tokens for a sample of requests, one request at a time, are the reference every 
 import math
 import time
 
+import chapters
+
 from . import harness, peers
 from .harness import median_p90
 
@@ -30,7 +32,7 @@ QUICK = {"requests": 6, "prompt_len": [8, 40], "max_tokens": [4, 12], "static_ba
 QUICK |= {"check_requests": 2, "check_tokens": 4, "profile_requests": 3}
 QUICK |= {"sweep": [1, 2, 4], "sweep_prompt_len": 16, "sweep_steps": 3}
 ENGINES = {
-    "rosellm": "rosellm (ch07, continuous batching)",
+    "rosellm": f"rosellm (ch{chapters.latest().number:02d}, {chapters.latest().slug.replace('_', ' ')})",
     "hf-generate": "transformers generate (static batches)",
     "hf-continuous": "transformers continuous batching",
 }
