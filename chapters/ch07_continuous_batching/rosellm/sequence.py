@@ -58,12 +58,6 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def new_token_ids(self) -> list[int]:
-        """What the next forward must process: the prompt (prefill), the last token (decode), or
-        everything (prefill again after a preemption threw the cache away)."""
-        return self.token_ids[self.num_computed_tokens :]
-
     def save(self) -> SequenceState:
         return SequenceState(self.status, self.num_computed_tokens, tuple(self.block_table))
 
