@@ -1,0 +1,23 @@
+"""rosellm: an LLM inference engine built from scratch, one chapter at a time."""
+
+from .engine_config import EngineConfig
+from .llm import LLM
+from .llm_engine import LLMEngine
+from .outputs import RequestOutput
+from .sampling import SamplingParams
+
+__chapter__ = "08_chunked_prefill"
+__capabilities__ = frozenset(
+    {
+        "kv_cache",
+        "batched",
+        "block_manager",
+        "paged",
+        "triton_kernels",
+        "step_engine",
+        "preemption",
+        "sequence_blocks",
+        "chunked_prefill",
+    }
+)
+__all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
