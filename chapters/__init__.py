@@ -37,6 +37,8 @@ CAPABILITIES = {
     "batch_state": "the batch as tensor rows (`batch_state.BatchState`) beside block tables kept by sequence id",
     "sequence_blocks": "each `Sequence` holds its block table; the block manager grows and frees it",
     "chunked_prefill": "prompts split over steps under the token budget (`enable_chunked_prefill`, on by default)",
+    "prefix_caching": "full KV blocks cached by the hash chain of their tokens (`enable_prefix_caching`)",
+    "parallel_sampling": "`SamplingParams(n=...)`: n answers sharing the prompt's blocks, copy on write",
     "paged": "one paged KV pool per layer, attention through block tables",
     "triton_kernels": "Triton kernels for GPU, chosen by `attention_backend`",
     "step_engine": "the step-level `LLMEngine` (add_request / step / abort_request), options named as vLLM's",

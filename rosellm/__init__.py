@@ -3,10 +3,10 @@
 from .engine_config import EngineConfig
 from .llm import LLM
 from .llm_engine import LLMEngine
-from .outputs import RequestOutput
+from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "08_chunked_prefill"
+__chapter__ = "09_prefix_caching"
 __capabilities__ = frozenset(
     {
         "kv_cache",
@@ -18,6 +18,8 @@ __capabilities__ = frozenset(
         "preemption",
         "sequence_blocks",
         "chunked_prefill",
+        "prefix_caching",
+        "parallel_sampling",
     }
 )
-__all__ = ["EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = ["CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

@@ -20,6 +20,8 @@ class EngineConfig:
     attention_backend:      "reference", "torch" or "triton" (attention_backend.py); None: "triton" on
                             CUDA, "torch" elsewhere
     enable_chunked_prefill: split prompts longer than what a step's budget has left over several steps
+    enable_prefix_caching:  remember full KV blocks by the hash of their tokens; a prompt starting with
+                            remembered blocks reuses them instead of computing them again
     """
 
     max_model_len: int | None = None
@@ -31,6 +33,7 @@ class EngineConfig:
     watermark: float = 0.01
     attention_backend: str | None = None
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
 
     def __post_init__(self):
         for name in (
@@ -48,8 +51,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not (isinstance(self.watermark, (int, float)) and 0 <= self.watermark < 1):
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        if not isinstance(self.enable_chunked_prefill, bool):
-            raise ValueError(f"enable_chunked_prefill must be True or False, got {self.enable_chunked_prefill!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     def watermark_blocks(self, num_kv_blocks: int) -> int:
         return math.ceil(self.watermark * num_kv_blocks)

@@ -2,7 +2,8 @@
 
 The only place where the three parts meet: schedule (bookkeeping) -> run the model (the model runner)
 -> sample -> commit to the bookkeeping. A step is a transaction: if the forward or the sampler raises,
-the plan is rolled back and the engine is exactly as it was before the step.
+the plan is rolled back and the engine is exactly as it was before the step. A request for n samples
+is one sequence until its prompt is computed; at its first token it forks into n.
 """
 
 import dataclasses
@@ -16,32 +17,39 @@ from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
-from .outputs import RequestOutput
-from .sampling import SamplingParams, make_generator, sample_batch
+from .outputs import CompletionOutput, RequestOutput
+from .sampling import SamplingParams, make_generators, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 
 
 @dataclasses.dataclass
 class RequestState:
-    """What the engine keeps per request beside its `Sequence`: what it needs to build outputs."""
+    """What the engine keeps per request beside its sequences (one per sample, indexed by `seq.index`;
+    only the first until the prompt is computed): what it needs to sample and to build outputs."""
 
-    seq: Sequence
+    seqs: list[Sequence]
     prompt: str | None
-    detokenizer: IncrementalDetokenizer
-    generator: torch.Generator | None
-    text: str = ""
+    detokenizers: list[IncrementalDetokenizer]
+    generators: list[torch.Generator | None]  # one per sample
+    texts: list[str]
+    finish_reasons: list[str | None]
 
-    def output(self, finish_reason: str | None = None) -> RequestOutput:
+    @property
+    def finished(self) -> bool:
+        return all(reason is not None for reason in self.finish_reasons)
+
+    def output(self) -> RequestOutput:
         """A snapshot for the caller: later steps never change it."""
-        seq = self.seq
+        first = self.seqs[0]
+        completions = [
+            CompletionOutput(
+                seq.index, list(seq.output_token_ids), self.texts[seq.index], self.finish_reasons[seq.index]
+            )
+            for seq in self.seqs
+        ]
         return RequestOutput(
-            seq.request_id,
-            self.prompt,
-            list(seq.prompt_token_ids),
-            list(seq.output_token_ids),
-            self.text,
-            finish_reason,
+            first.request_id, self.prompt, list(first.prompt_token_ids), completions, first.num_cached_tokens or 0
         )
 
 
@@ -64,7 +72,7 @@ class LLMEngine:
             blocks_per_seq = -(-self.max_model_len // config.block_size)
             affordable = config.kv_cache_memory // (config.block_size * self.model_runner.bytes_per_token())
             num_kv_blocks = max(1, min(affordable, config.max_num_seqs * blocks_per_seq))
-        self.block_manager = BlockManager(num_kv_blocks, config.block_size)
+        self.block_manager = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.model_runner.allocate_kv_pool(num_kv_blocks, config.block_size, self.max_model_len)
         default_budget = 2048 if config.enable_chunked_prefill else max(self.max_model_len, 2048)
         self.scheduler = Scheduler(
@@ -93,15 +101,22 @@ class LLMEngine:
         text, token_ids = self._tokenize(prompt)
         seq = Sequence(request_id, token_ids, params, self.eos_token_ids, self.max_model_len)
         self._check_request(seq)
-        generator = make_generator(params.seed, self.model_runner.device)
-        self.requests[request_id] = RequestState(seq, text, IncrementalDetokenizer(self.tokenizer), generator)
+        n = params.n
+        self.requests[request_id] = RequestState(
+            [seq],
+            text,
+            [IncrementalDetokenizer(self.tokenizer) for _ in range(n)],
+            make_generators(params, self.model_runner.device),
+            [""] * n,
+            [None] * n,
+        )
         self.scheduler.add(seq)
         return request_id
 
     def abort_request(self, request_id: str) -> bool:
-        """Stop a request, waiting or running; its blocks return to the pool at once."""
+        """Stop a request, waiting or running, all its samples; their blocks return to the pool at once."""
         self.requests.pop(str(request_id), None)
-        return self.scheduler.abort(str(request_id)) is not None
+        return self.scheduler.abort(str(request_id))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -119,51 +134,80 @@ class LLMEngine:
             if self.scheduler.waiting and not plan.preempted:  # add_request's checks make this unreachable
                 raise RuntimeError(f"request {self.scheduler.waiting[0].request_id!r} can never be scheduled")
             return []
-        states = [self.requests[seq.request_id] for seq, sample in zip(plan.scheduled, plan.samples) if sample]
+        draws = self._draws(plan)
         try:
-            tokens = self._run(plan, states)
+            tokens = self._run(plan, draws)
         except BaseException:
             self.scheduler.rollback(plan)
             raise
         with record_function("rosellm.commit"):
-            return self._commit(plan, states, tokens)
+            return self._commit(plan, draws, tokens)
 
-    def _run(self, plan: SchedulerOutput, states: list[RequestState]) -> list[int]:
-        """Forward and sample (one token per state: the rows that sample); on failure, put back what they
-        changed outside the bookkeeping: the blocks that preemption handed to other sequences (the forward
-        overwrote them) and the random streams."""
-        reused = plan.reused_blocks
-        saved_blocks = self.model_runner.save_blocks(reused) if reused else None
-        generators = [state.generator for state in states]
+    def _draws(self, plan: SchedulerOutput) -> list[tuple[RequestState, int, int]]:
+        """The tokens this step samples, as (request, sample index, row of the sampling logits): one per
+        row that reaches its sequence's end, and n from the same row for a prompt about to fork."""
+        draws = []
+        for row, seq in enumerate(seq for seq, sample in zip(plan.scheduled, plan.samples) if sample):
+            state = self.requests[seq.request_id]
+            draws += [(state, index, row) for index in (range(seq.params.n) if seq.will_fork else [seq.index])]
+        return draws
+
+    def _run(self, plan: SchedulerOutput, draws: list[tuple[RequestState, int, int]]) -> list[int]:
+        """Copy shared blocks being written, forward, sample (one token per draw); on failure, put back
+        what they changed outside the bookkeeping: the blocks they overwrote that a rolled-back engine
+        may read again, and the random streams."""
+        overwritten = self.scheduler.overwritten_blocks(plan)
+        saved_blocks = self.model_runner.save_blocks(overwritten) if overwritten else None
+        generators = [state.generators[index] for state, index, _ in draws]
         saved_streams = [(g, g.get_state()) for g in generators if g is not None]
         try:
             with record_function("rosellm.forward"):
+                self.model_runner.copy_blocks(plan.copies)
                 hidden = self.model_runner.forward(plan)
             with record_function("rosellm.lm_head"):
-                logits = self.model_runner.sampling_logits(hidden, plan)  # [len(states), vocab]
+                logits = self.model_runner.sampling_logits(hidden, plan)  # [rows that sample, vocab]
+                if len(draws) > len(logits):  # a forking prompt samples n times from its row
+                    logits = logits[[row for _, _, row in draws]]  # [len(draws), vocab]
             with record_function("rosellm.sample"):
-                return sample_batch(logits, [state.seq.params for state in states], generators)
+                return sample_batch(logits, [state.seqs[0].params for state, _, _ in draws], generators)
         except BaseException:
             if saved_blocks is not None:
-                self.model_runner.restore_blocks(reused, saved_blocks)
+                self.model_runner.restore_blocks(overwritten, saved_blocks)
             for generator, state in saved_streams:
                 generator.set_state(state)
             raise
 
-    def _commit(self, plan: SchedulerOutput, states: list[RequestState], tokens: list[int]) -> list[RequestOutput]:
+    def _commit(
+        self, plan: SchedulerOutput, draws: list[tuple[RequestState, int, int]], tokens: list[int]
+    ) -> list[RequestOutput]:
         for seq, num_new in zip(plan.scheduled, plan.num_new_tokens):
-            seq.num_computed_tokens += num_new
-        outputs = []
-        for state, token in zip(states, tokens):
-            seq = state.seq
+            self.block_manager.commit_computed(seq, num_new)  # counts them, caches the blocks they filled
+        for state in {id(state): state for state, _, _ in draws}.values():
+            if state.seqs[0].will_fork:
+                self._fork(state)
+        advanced: dict[str, RequestState] = {}
+        for (state, index, _), token in zip(draws, tokens):
+            seq = state.seqs[index]
             finish_reason = seq.append_token(token)
-            state.text += state.detokenizer.add(token)
+            state.texts[index] += state.detokenizers[index].add(token)
             if finish_reason is not None:
-                state.text += state.detokenizer.flush()
+                state.texts[index] += state.detokenizers[index].flush()
+                state.finish_reasons[index] = finish_reason
                 self.scheduler.finish(seq)
-                del self.requests[seq.request_id]
-            outputs.append(state.output(finish_reason))
-        return outputs
+            advanced[seq.request_id] = state
+        for request_id, state in advanced.items():
+            if state.finished:
+                del self.requests[request_id]
+        return [state.output() for state in advanced.values()]
+
+    def _fork(self, state: RequestState) -> None:
+        """The prompt is computed: samples 1 .. n-1 start as copies of sample 0, sharing its blocks."""
+        parent = state.seqs[0]
+        children = [parent.fork(index) for index in range(1, parent.params.n)]
+        for child in children:
+            self.block_manager.fork(parent, child)
+        self.scheduler.add_forks(parent, children)
+        state.seqs += children
 
     # --- helpers --------------------------------------------------------------------------------------
 
@@ -216,6 +260,10 @@ class LLMEngine:
             raise ValueError(
                 f"{name}: the prompt has {len(token_ids)} tokens; max_model_len={self.max_model_len} "
                 f"leaves room for at most {self.max_model_len - 1} prompt tokens"
+            )
+        if seq.params.n > self.scheduler.max_num_seqs:
+            raise ValueError(
+                f"{name}: n={seq.params.n} samples run together, more than max_num_seqs={self.scheduler.max_num_seqs}"
             )
         vocab = self.model.config.vocab_size
         if not all(0 <= t < vocab for t in token_ids):

@@ -59,6 +59,12 @@ class ModelRunner:
         ends = torch.tensor(plan.num_new_tokens, device=hidden.device).cumsum(0) - 1
         return self.model.compute_logits(hidden[ends[torch.tensor(plan.samples, device=hidden.device)]])
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy on write: each (source, copy) pair's keys and values, in every layer, in order."""
+        for source, copy in copies:
+            self.kv_pool.keys[:, copy] = self.kv_pool.keys[:, source]
+            self.kv_pool.values[:, copy] = self.kv_pool.values[:, source]
+
     def save_blocks(self, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of some blocks' keys and values in every layer: [layers, len(block_ids), ...] each."""
         return self.kv_pool.keys[:, block_ids].clone(), self.kv_pool.values[:, block_ids].clone()

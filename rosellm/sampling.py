@@ -14,7 +14,9 @@ MAX_SEED = 2**64  # what torch.Generator.manual_seed accepts: [0, 2**64)
 @dataclass
 class SamplingParams:
     """How to pick each next token. `temperature` below GREEDY_TEMPERATURE (e.g. 0) means greedy.
-    `max_tokens=None`: until a stop token or `max_model_len`. Bad values raise ValueError naming the limit."""
+    `max_tokens=None`: until a stop token or `max_model_len`. `n`: answers sampled from the one prompt;
+    with a seed, answer i draws from its own stream seeded `seed + i` (so answer i of a seeded request with
+    n > 1 equals a request for one answer seeded `seed + i`). Bad values raise ValueError naming the limit."""
 
     temperature: float = 1.0
     top_k: int = 0  # 0: no top-k filter
@@ -23,6 +25,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     seed: int | None = None
+    n: int = 1
 
     def __post_init__(self):
         self.temperature = real("temperature", self.temperature)
@@ -38,8 +41,10 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1 or None, got {self.max_tokens}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
-        if self.seed is not None and not 0 <= integer("seed", self.seed) < MAX_SEED:
-            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed}")
+        if integer("n", self.n) < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.seed is not None and not 0 <= integer("seed", self.seed) <= MAX_SEED - self.n:
+            raise ValueError(f"seed must be an integer in [0, 2**64 - n] (n={self.n} streams from it), got {self.seed}")
         stop = [] if self.stop_token_ids is None else self.stop_token_ids
         if not isinstance(stop, (list, tuple)):
             raise ValueError(f"stop_token_ids must be a list of token ids, got {stop!r}")
@@ -86,13 +91,14 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator | None:
-    """A private random stream for a seeded request; None means the global one."""
-    if seed is None:
-        return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
+def make_generators(params: SamplingParams, device: str | torch.device = "cpu") -> list[torch.Generator | None]:
+    """A private random stream per answer of a seeded request, seeded `seed + i`; None means the global one."""
+    if params.seed is None:
+        return [None] * params.n
+    generators = [torch.Generator(device=device) for _ in range(params.n)]
+    for i, generator in enumerate(generators):
+        generator.manual_seed(params.seed + i)
+    return generators
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:

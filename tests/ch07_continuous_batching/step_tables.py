@@ -23,10 +23,17 @@ def prompt_tokens(index: int, length: int) -> list[int]:
     return [(index * 37 + j * 11) % 300 + 3 for j in range(length)]
 
 
+def no_prefix_caching(checkpoint) -> dict:
+    """From chapter 09 on, prefix caching turned off: a freed block is forgotten at once, as before."""
+    return {"enable_prefix_caching": False} if "prefix_caching" in checkpoint.__capabilities__ else {}
+
+
 def whole_prompts(checkpoint) -> dict:
     """The options that keep chapter 07's scheduling: from chapter 08 on, chunked prefill turned off (a
-    prompt must fit what a step's token budget has left, or wait)."""
-    return {"enable_chunked_prefill": False} if "chunked_prefill" in checkpoint.__capabilities__ else {}
+    prompt must fit what a step's token budget has left, or wait), and prefix caching off."""
+    if "chunked_prefill" not in checkpoint.__capabilities__:
+        return {}
+    return {"enable_chunked_prefill": False, **no_prefix_caching(checkpoint)}
 
 
 def make_engine(checkpoint, model_dir, scenario: Scenario):

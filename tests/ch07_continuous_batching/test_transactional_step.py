@@ -29,7 +29,7 @@ def params(checkpoint, max_tokens: int, seeded: bool):
     return checkpoint.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def snapshot(engine) -> dict:
+def snapshot(checkpoint, engine) -> dict:
     """Everything a step may change, as plain values."""
     scheduler, pool = engine.scheduler, engine.model_runner.kv_pool
     seqs = list(scheduler.waiting) + scheduler.running
@@ -48,9 +48,29 @@ def snapshot(engine) -> dict:
         "seqs": {
             s.request_id: (s.status, s.num_computed_tokens, list(s.block_table), list(s.output_token_ids)) for s in seqs
         },
-        "allocator": (list(engine.block_manager.allocator.free_ids), list(engine.block_manager.allocator.ref_counts)),
+        "allocator": engine.block_manager.allocator.save(),
         "kv": kv,
-        "generators": {rid: state.generator.get_state() for rid, state in engine.requests.items() if state.generator},
+        "cached_kv": cached_blocks(checkpoint, engine),
+        "generators": {
+            rid: [g.get_state() for g in generators(checkpoint, state) if g is not None]
+            for rid, state in engine.requests.items()
+        },
+    }
+
+
+def generators(checkpoint, state) -> list:
+    """A request's random streams: one per sample from chapter 09 on."""
+    return state.generators if "parallel_sampling" in checkpoint.__capabilities__ else [state.generator]
+
+
+def cached_blocks(checkpoint, engine) -> dict:
+    """From chapter 09 on, the keys and values of every block the prefix cache remembers (a later hit reads
+    them, so a failed step must leave them as they were); block id -> (keys, values)."""
+    if "prefix_caching" not in checkpoint.__capabilities__:
+        return {}
+    pool = engine.model_runner.kv_pool
+    return {
+        b: (pool.keys[:, b].clone(), pool.values[:, b].clone()) for b in engine.block_manager.allocator.block_hashes
     }
 
 
@@ -60,8 +80,15 @@ def assert_same(before: dict, after: dict) -> None:
     assert before["kv"].keys() == after["kv"].keys()
     for request_id, (keys, values) in before["kv"].items():
         assert torch.equal(after["kv"][request_id][0], keys) and torch.equal(after["kv"][request_id][1], values)
+    assert before["cached_kv"].keys() == after["cached_kv"].keys()
+    for block_id, (keys, values) in before["cached_kv"].items():
+        assert torch.equal(after["cached_kv"][block_id][0], keys) and torch.equal(
+            after["cached_kv"][block_id][1], values
+        )
     assert before["generators"].keys() == after["generators"].keys()
-    assert all(torch.equal(after["generators"][r], g) for r, g in before["generators"].items())
+    for request_id, states in before["generators"].items():
+        assert len(after["generators"][request_id]) == len(states)
+        assert all(torch.equal(a, b) for a, b in zip(after["generators"][request_id], states))
 
 
 def run(checkpoint, engine, seeded: bool, fail_at: int | None = None, patch=None):
@@ -91,11 +118,11 @@ def run(checkpoint, engine, seeded: bool, fail_at: int | None = None, patch=None
         for index, (arrival, prompt, max_tokens) in enumerate(REQUESTS):
             if arrival == step:
                 engine.add_request(str(index), prompt, params(checkpoint, max_tokens, seeded))
-        before = snapshot(engine)
+        before = snapshot(checkpoint, engine)
         try:
             outputs = engine.step()
         except Injected:
-            assert_same(before, snapshot(engine))
+            assert_same(before, snapshot(checkpoint, engine))
             outputs = engine.step()  # the same step again
         plan = plans[-1]
         kinds.append(
@@ -168,10 +195,10 @@ def test_a_failed_preempting_step_gives_the_victim_back_its_keys_and_values(chec
     while not engine.scheduler.waiting:  # step until "old" needs a block and preempts "new"
         engine.step()
     fail_in_forward(engine, lambda: True)
-    before = snapshot(engine)
+    before = snapshot(checkpoint, engine)
     with pytest.raises(Injected):
         engine.step()
-    assert_same(before, snapshot(engine))
+    assert_same(before, snapshot(checkpoint, engine))
     del engine.model_runner.model.forward  # the model works again
     assert engine.abort_request("old")  # now nobody needs "new"'s blocks: it decodes from its restored cache
     finished = {}

@@ -6,7 +6,7 @@ step's forward ran: request id -> number of new tokens. Greedy with EOS ignored;
 A sequence holds blocks for its computed tokens: ceil(computed / 4).
 """
 
-from tests.ch07_continuous_batching.step_tables import Scenario, observe, prompt_tokens
+from tests.ch07_continuous_batching.step_tables import Scenario, no_prefix_caching, observe, prompt_tokens
 from tests.oracle import hf_greedy
 
 MODEL = "gqa"
@@ -20,6 +20,7 @@ def run_chunked_table(checkpoint, model_dir, scenario: Scenario, table: dict[int
         num_kv_blocks=scenario.num_kv_blocks,
         max_num_batched_tokens=scenario.max_num_batched_tokens,
         watermark=0.0,
+        **no_prefix_caching(checkpoint),
     )
     plans, schedule = [], engine.scheduler.schedule
 
