@@ -1,6 +1,6 @@
 # rosellm — the two commands of the README: `make demo` and `make test`.
-# `make test` runs each chapter's fast tests on its checkpoint and every later one, and its model tests on its
-# own checkpoint and the latest (so do `slow` ones); `make test-all` runs them on every later checkpoint too.
+# `make test` runs each chapter's tests on its own checkpoint and the latest; `make test-all` runs them on every
+# checkpoint in between too (the check after a forward fix changed frozen copies).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python

@@ -1,4 +1,4 @@
-"""The `LLM` facade, chapter 07: offline generation on top of the step-level `LLMEngine`."""
+"""The `LLM` facade: offline generation on top of the step-level `LLMEngine`."""
 
 from collections.abc import Generator, Sequence
 
@@ -15,7 +15,7 @@ Prompt = str | Sequence[int] | dict
 class LLM:
     """Load a model and generate text. `engine_options` are the fields of `EngineConfig` (max_model_len,
     max_num_seqs, max_num_batched_tokens, block_size, num_kv_blocks, kv_cache_memory, watermark,
-    attention_backend)."""
+    attention_backend, enable_chunked_prefill, enable_prefix_caching)."""
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
         self.llm_engine = LLMEngine(model, device, dtype, **engine_options)
@@ -44,7 +44,8 @@ class LLM:
     def stream(
         self, prompt: Prompt, sampling_params: SamplingParams | None = None
     ) -> Generator[str, None, RequestOutput]:
-        """Generate for one prompt, yielding text pieces as soon as they are complete characters.
+        """Generate for one prompt, yielding text pieces (of the first answer, when n > 1) as soon as they
+        are complete characters.
         The generator's return value (`StopIteration.value`) is the finished `RequestOutput`.
         Closing it early (or an exception) aborts the request."""
         [request_id] = self._add_requests([prompt], sampling_params)

@@ -1,9 +1,10 @@
 """Shared fixtures: chapter checkpoints, tiny random Llama models with their Hugging Face twins, SmolLM2.
 
 The `checkpoint` fixture is what keeps old lessons true. A test in `tests/chNN_slug/` runs against chapter
-NN's checkpoint and every later one (the frozen copies under `chapters/`, then `rosellm/`). Tests marked
-`model` (SmolLM2) or `slow` (e.g. Triton's interpreter on a CPU) run on the first and the last of those
-checkpoints only, unless pytest is given `--all-checkpoints`: each chapter adds a fixed cost for those.
+NN's checkpoint and the latest (`rosellm/`): what a chapter taught must still hold at the end of the book.
+With `--all-checkpoints` (`make test-all`) it runs on every checkpoint in between too (the frozen copies
+under `chapters/`). Frozen copies change only by a forward fix, after which `make test-all` is the check;
+so each chapter adds a fixed cost to `make test`, not one that grows with the number of chapters.
 
 A test that needs something a checkpoint declares (`__capabilities__` in its `__init__.py`, the names in
 `chapters.CAPABILITIES`) says so with `@pytest.mark.requires("paged", ...)`: checkpoints without it are
@@ -28,7 +29,7 @@ def pytest_addoption(parser):
     parser.addoption(
         "--all-checkpoints",
         action="store_true",
-        help="run the model and slow tests on every checkpoint from their chapter on, not only the first and latest",
+        help="run every test on every checkpoint from its chapter on, not only its own and the latest",
     )
 
 
@@ -37,11 +38,11 @@ def all_checkpoints() -> tuple[chapters.Checkpoint, ...]:
     return tuple(chapters.checkpoints())
 
 
-def checkpoints_for(test_dir: str, required: set[str], costly: bool, every: bool) -> list[chapters.Checkpoint]:
+def checkpoints_for(test_dir: str, required: set[str], every: bool) -> list[chapters.Checkpoint]:
     """The checkpoints one test of `tests/<test_dir>/` runs against (see the module docstring)."""
     first = int(CHAPTER_TEST_DIR.match(test_dir).group(1))
     chosen = [point for point in all_checkpoints() if point.number >= first and required <= point.capabilities]
-    if costly and not every and len(chosen) > 2:
+    if not every and len(chosen) > 2:
         chosen = [chosen[0], chosen[-1]]
     return chosen
 
@@ -54,10 +55,7 @@ def pytest_generate_tests(metafunc):
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid} requires unknown capabilities {sorted(unknown)}")
     chosen = checkpoints_for(
-        Path(metafunc.definition.path).parent.name,
-        required,
-        costly=any(metafunc.definition.get_closest_marker(name) for name in ("model", "slow")),
-        every=metafunc.config.getoption("--all-checkpoints"),
+        Path(metafunc.definition.path).parent.name, required, every=metafunc.config.getoption("--all-checkpoints")
     )
     if not chosen:
         raise pytest.UsageError(

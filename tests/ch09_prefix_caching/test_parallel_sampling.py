@@ -67,7 +67,7 @@ def test_the_prompt_blocks_are_shared_and_copied_only_when_a_shared_block_is_wri
     assert [len(o.token_ids) for o in first.outputs] == [1, 1, 1, 1]
     seqs = eng.scheduler.running
     assert [seq.index for seq in seqs] == [0, 1, 2, 3]
-    prompt_blocks = seqs[0].block_table
+    prompt_blocks = list(seqs[0].block_table)
     assert len(prompt_blocks) == 3 and all(seq.block_table == prompt_blocks for seq in seqs)
     assert [eng.block_manager.allocator.ref_counts[b] for b in prompt_blocks] == [4, 4, 4]
     assert eng.block_manager.num_total_blocks - eng.block_manager.num_free_blocks == 3

@@ -21,12 +21,16 @@ def test_smollm2_shared_system_prompt_hits_the_cache_and_matches_transformers(ch
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
         for question in ["What is the capital of France?", "Name a fruit.", "What is 3 + 4?"]
     ]
-    prompts = [tokenizer.apply_chat_template(chat, add_generation_prompt=True) for chat in chats]
-    shared = next(i for i, tokens in enumerate(zip(*prompts)) if len(set(tokens)) > 1)  # tokens all prompts share
+    prompts = [tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) for chat in chats]
+    token_ids = [tokenizer.encode(prompt) for prompt in prompts]  # as the engine tokenizes a str prompt
     params = checkpoint.SamplingParams(temperature=0, max_tokens=12)
-    first = llm.generate([prompts[0]], params, use_tqdm=False)  # computes and caches the system prompt
-    later = llm.generate(prompts[1:], params, use_tqdm=False)
-    assert first[0].num_cached_tokens == 0
-    assert [o.num_cached_tokens for o in later] == [shared // 16 * 16] * 2 and shared >= 32
-    for prompt, output in zip(prompts, first + later):
-        assert output.token_ids == hf_greedy(smollm2_hf, prompt, 12)
+    for i, (prompt, ids) in enumerate(zip(prompts, token_ids)):
+        [output] = llm.generate([prompt], params, use_tqdm=False)  # one at a time: each finds the ones before
+        shared = max((common_prefix(ids, earlier) for earlier in token_ids[:i]), default=0)
+        assert output.num_cached_tokens == min(shared, len(ids) - 1) // 16 * 16
+        assert output.prompt_token_ids == ids and output.token_ids == hf_greedy(smollm2_hf, ids, 12)
+    assert common_prefix(*token_ids[:2]) >= 32  # the system prompt fills two blocks at least
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

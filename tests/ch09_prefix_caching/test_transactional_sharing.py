@@ -16,10 +16,10 @@ pytestmark = pytest.mark.requires("prefix_caching", "parallel_sampling")
 SHARED = list(range(10, 19))
 # (arrival step, prompt, max_tokens, n): on a pool of 14 blocks of 2 slots, 4 sequences at most
 REQUESTS = [
-    (1, SHARED + [40], 8, 2),
+    (1, SHARED + [40, 41], 8, 2),
     (2, SHARED + [41, 42], 6, 1),
     (4, list(range(60, 67)), 7, 1),
-    (6, SHARED + [40], 5, 2),
+    (6, SHARED + [40, 41], 5, 2),
     (9, [7, 8, 9], 6, 1),
 ]
 

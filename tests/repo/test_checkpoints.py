@@ -58,15 +58,15 @@ def numbers(points) -> list[int]:
     return [point.number for point in points]
 
 
-def test_the_matrix_fast_tests_on_every_later_checkpoint_costly_ones_on_first_and_latest():
+def test_the_matrix_own_checkpoint_and_latest_every_checkpoint_on_demand():
     every = list(range(1, chapters.latest().number + 1))
-    assert numbers(checkpoints_for("ch01_naive_decode", set(), costly=False, every=False)) == every
-    assert numbers(checkpoints_for("ch01_naive_decode", set(), costly=True, every=False)) == sorted({1, every[-1]})
-    assert numbers(checkpoints_for("ch01_naive_decode", set(), costly=True, every=True)) == every
+    assert numbers(checkpoints_for("ch01_naive_decode", set(), every=False)) == [1, every[-1]]
+    assert numbers(checkpoints_for("ch01_naive_decode", set(), every=True)) == every
+    assert numbers(checkpoints_for(f"ch{every[-1]:02d}_latest", set(), every=False)) == [every[-1]]
 
 
 def test_the_matrix_keeps_only_checkpoints_with_the_required_capabilities():
     wanted = {"contiguous_cache"}
     expected = [point.number for point in chapters.checkpoints()[1:] if wanted <= point.capabilities]
-    assert numbers(checkpoints_for("ch02_kv_cache", wanted, costly=False, every=False)) == expected
+    assert numbers(checkpoints_for("ch02_kv_cache", wanted, every=True)) == expected
     assert 5 not in expected  # chapter 05 replaced the contiguous caches by a paged pool
