@@ -34,14 +34,14 @@ def run(args, s: dict) -> dict:
 
 def serve(stepper, requests: list, every: int) -> dict:
     """Run the arrival pattern to the end; times are wall-clock seconds from the first step."""
-    arrived, first, done, tokens, produced, arrival_step, first_step = {}, {}, {}, {}, {}, {}, {}
+    arrived, first, done, tokens, produced = {}, {}, {}, {}, {}  # arrived, first: (seconds, step)
     batches, preemptions, recomputed = [], 0, 0
     step, start, cpu_start = 0, time.perf_counter(), time.process_time()
     while len(done) < len(requests):
         for index, (prompt, max_tokens) in enumerate(requests):
             if index * every == step:
                 stepper.add(str(index), prompt, max_tokens)
-                arrived[str(index)], arrival_step[str(index)] = time.perf_counter() - start, step
+                arrived[str(index)] = (time.perf_counter() - start, step)
         advanced = stepper.step()
         now = time.perf_counter() - start
         for key in getattr(stepper, "preempted", []):  # its cached tokens are thrown away, to be recomputed
@@ -49,15 +49,14 @@ def serve(stepper, requests: list, every: int) -> dict:
             recomputed += len(requests[int(key)][0]) + len(produced.get(key, [])) - 1
         batches.append(len(advanced))
         for key, token_ids, finished in advanced:
-            first.setdefault(key, now)
-            first_step.setdefault(key, step)
+            first.setdefault(key, (now, step))
             produced[key] = token_ids
             if finished:
                 done[key], tokens[key] = now, token_ids
         step += 1
     cpu = time.process_time() - cpu_start
-    ttft = [first[k] - arrived[k] for k in arrived]
-    ttft_steps = [first_step[k] - arrival_step[k] for k in arrived]  # 0: prefilled on arrival
+    ttft = [first[k][0] - arrived[k][0] for k in arrived]
+    ttft_steps = [first[k][1] - arrived[k][1] for k in arrived]  # 0: prefilled on arrival
     wall, output = max(done.values()), sum(len(t) for t in tokens.values())
     out = dict(seconds=round(wall, 3), cpu_seconds=round(cpu, 3), steps=step, output_tokens=output)
     out |= dict(output_tokens_per_s=round(output / wall, 2), output_tokens_per_cpu_s=round(output / cpu, 2))
@@ -65,7 +64,7 @@ def serve(stepper, requests: list, every: int) -> dict:
     out |= dict(ttft_median_s=round(statistics.median(ttft), 3), ttft_p90_s=round(harness.percentile(ttft, 90), 3))
     out |= dict(ttft_median_steps=statistics.median(ttft_steps), ttft_p90_steps=harness.percentile(ttft_steps, 90))
     out |= dict(ttft_max_steps=max(ttft_steps), preemptions=preemptions, recomputed_tokens=recomputed)
-    latency = statistics.median([done[k] - arrived[k] for k in arrived])
+    latency = statistics.median([done[k] - arrived[k][0] for k in arrived])
     return out | dict(latency_median_s=round(latency, 3), tokens=tokens)
 
 

@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .harness import random_requests, timed_generate
+from .peer_protocol import Clock
 
 
 @contextlib.contextmanager
@@ -44,25 +45,20 @@ def load_timed(make):
 
 def timed_run(requests: list, desc: str, submit, advance) -> dict:
     """Submit every request at t = 0 with `submit(i, prompt, max_tokens)`, then call `advance()` (which
-    returns (index, token ids, finished) for each request that got a token) until all are done."""
-    n = len(requests)
-    first, last, tokens = [None] * n, [None] * n, [None] * n
+    returns (index, token ids, finished) for each request that got a token) until all are done. Each request's
+    first and last token are timed by the clock the peers' scripts time theirs with."""
     steps = 0
-    with peak_memory() as memory, tqdm(total=n, desc=desc, unit="req") as bar:
-        start = time.perf_counter()
+    with peak_memory() as memory, tqdm(total=len(requests), desc=desc, unit="req") as bar:
+        clock = Clock(len(requests))
         for i, (prompt, max_tokens) in enumerate(requests):
             submit(i, prompt, max_tokens)
-        while None in tokens:
+        while None in clock.tokens:
             advanced = advance()
-            now = time.perf_counter() - start
             steps += 1
             for i, token_ids, finished in advanced:
-                first[i] = now if first[i] is None else first[i]
-                if finished:
-                    last[i], tokens[i] = now, list(token_ids)
-            bar.update(sum(finished for _, _, finished in advanced))
-    run = dict(wall_s=max(last), steps=steps, first_token_s=first, last_token_s=last, tokens=tokens)
-    return run | dict(memory=memory, t0=start)
+                clock.token(i, token_ids if finished else None)
+            bar.update(sum(finished for *_, finished in advanced))
+    return clock.result() | dict(steps=steps, memory=memory, t0=clock.start)
 
 
 # --- rosellm ---------------------------------------------------------------------------------------------

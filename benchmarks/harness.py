@@ -35,10 +35,8 @@ def add_arguments(parser, full: dict) -> None:
     """An option per setting of `full` (a list takes values apart or comma-separated), plus the common ones."""
     for key, value in full.items():
         many = isinstance(value, list)
-        kind = str if many else type(value)
-        parser.add_argument(
-            "--" + key.replace("_", "-"), type=kind, nargs="+" if many else None, help=f"default {value}"
-        )
+        option, kind = "--" + key.replace("_", "-"), str if many else type(value)
+        parser.add_argument(option, type=kind, nargs="+" if many else None, help=f"default {value}")
     parser.add_argument("--model", default=None, help=".gguf file or Hugging Face folder (default: SmolLM2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="a tiny run that checks the harness, not the speed")
@@ -58,7 +56,7 @@ def settings(args, full: dict, quick: dict) -> dict:
     return out
 
 
-def output_paths(args, name: str, figure: str | None = None) -> tuple[Path, Path]:
+def output_paths(args, name: str, figure: str = "") -> tuple[Path, Path]:
     """The result file and figure: given, else results/NAME.json and figures/FIGURE.png (--quick: NAME_quick.*
     side by side, so that a quick run never overwrites the book's results)."""
     if args.quick:
@@ -302,9 +300,7 @@ def write(result: dict, json_path: Path, figures: list[Path], plot, report, wron
     return result
 
 
-def save(
-    args, workload: str, measure, name: str, plot, figure: str | None = None, report=None, wrong: str = ""
-) -> dict:
+def save(args, workload: str, measure, name: str, plot, figure: str = "", report=None, wrong: str = "") -> dict:
     """`measured(...)`, then `write(...)` to results/NAME.json and figures/FIGURE.png (see `output_paths`)."""
     result = measured(args, workload, measure)
     json_path, figure_path = output_paths(args, name, figure)
