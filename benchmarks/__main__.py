@@ -4,18 +4,20 @@ import argparse
 import importlib
 import sys
 
-from . import WORKLOADS
+from . import WORKLOADS, harness
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in WORKLOADS:
         # Import only the chosen workload: one workload's heavy or broken imports never block another.
-        name = argv[0]
-        module = importlib.import_module(WORKLOADS[name][0])
-        parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=module.HELP)
-        module.add_arguments(parser)
-        module.run(parser.parse_args(argv[1:]))
+        module = importlib.import_module(WORKLOADS[argv[0]][0])
+        parser = argparse.ArgumentParser(prog=f"python -m benchmarks {argv[0]}", description=module.HELP)
+        harness.add_arguments(parser, module.FULL)
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(parser)
+        args = parser.parse_args(argv[1:])
+        module.run(args, harness.settings(args, module.FULL, module.QUICK))
         return
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",

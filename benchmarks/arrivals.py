@@ -28,41 +28,35 @@ FULL |= {"block_size": 16, "num_kv_blocks": 48, "max_batch": 32}  # one KV pool 
 QUICK = {"requests": 6, "prompt_len": [4, 12], "max_tokens": [4, 8], "num_kv_blocks": 12, "block_size": 4}
 
 
-def add_arguments(parser) -> None:
-    harness.add_arguments(parser, FULL)
+def run(args, s: dict) -> dict:
+    return harness.save(args, NAME, lambda: measure(args, s), "arrivals", plot)
 
 
-def run(args) -> dict:
-    s = harness.settings(args, FULL, QUICK)
-    return harness.chapter_run(args, NAME, lambda: measure(args, s), "arrivals", "arrivals", plot)
-
-
-def serve(stepper, requests: list, every: int, prompts: dict) -> dict:
+def serve(stepper, requests: list, every: int) -> dict:
     """Run the arrival pattern to the end; times are wall-clock seconds from the first step."""
-    arrived, first, done, tokens, steps_of = {}, {}, {}, {}, {"arrival": {}, "first": {}}
-    batches, preemptions, recomputed, produced = [], 0, 0, {}
+    arrived, first, done, tokens, produced = {}, {}, {}, {}, {}  # arrived, first: (seconds, step)
+    batches, preemptions, recomputed = [], 0, 0
     step, start, cpu_start = 0, time.perf_counter(), time.process_time()
     while len(done) < len(requests):
         for index, (prompt, max_tokens) in enumerate(requests):
             if index * every == step:
                 stepper.add(str(index), prompt, max_tokens)
-                arrived[str(index)], steps_of["arrival"][str(index)] = time.perf_counter() - start, step
+                arrived[str(index)] = (time.perf_counter() - start, step)
         advanced = stepper.step()
         now = time.perf_counter() - start
         for key in getattr(stepper, "preempted", []):  # its cached tokens are thrown away, to be recomputed
             preemptions += 1
-            recomputed += prompts[key] + len(produced.get(key, [])) - 1
+            recomputed += len(requests[int(key)][0]) + len(produced.get(key, [])) - 1
         batches.append(len(advanced))
         for key, token_ids, finished in advanced:
-            first.setdefault(key, now)
-            steps_of["first"].setdefault(key, step)
+            first.setdefault(key, (now, step))
             produced[key] = token_ids
             if finished:
                 done[key], tokens[key] = now, token_ids
         step += 1
     cpu = time.process_time() - cpu_start
-    ttft = [first[k] - arrived[k] for k in arrived]
-    ttft_steps = [steps_of["first"][k] - steps_of["arrival"][k] for k in arrived]  # 0: prefilled on arrival
+    ttft = [first[k][0] - arrived[k][0] for k in arrived]
+    ttft_steps = [first[k][1] - arrived[k][1] for k in arrived]  # 0: prefilled on arrival
     wall, output = max(done.values()), sum(len(t) for t in tokens.values())
     out = dict(seconds=round(wall, 3), cpu_seconds=round(cpu, 3), steps=step, output_tokens=output)
     out |= dict(output_tokens_per_s=round(output / wall, 2), output_tokens_per_cpu_s=round(output / cpu, 2))
@@ -70,7 +64,7 @@ def serve(stepper, requests: list, every: int, prompts: dict) -> dict:
     out |= dict(ttft_median_s=round(statistics.median(ttft), 3), ttft_p90_s=round(harness.percentile(ttft, 90), 3))
     out |= dict(ttft_median_steps=statistics.median(ttft_steps), ttft_p90_steps=harness.percentile(ttft_steps, 90))
     out |= dict(ttft_max_steps=max(ttft_steps), preemptions=preemptions, recomputed_tokens=recomputed)
-    latency = statistics.median([done[k] - arrived[k] for k in arrived])
+    latency = statistics.median([done[k] - arrived[k][0] for k in arrived])
     return out | dict(latency_median_s=round(latency, 3), tokens=tokens)
 
 
@@ -85,9 +79,8 @@ def measure(args, s: dict) -> dict:
     }
     vocab = steppers["ch05_paged_attention"].llm.tokenizer.vocab_size
     requests = harness.random_requests(s["requests"], s["prompt_len"], s["max_tokens"], vocab, s["seed"])
-    prompts = {str(i): len(p) for i, (p, _) in enumerate(requests)}
-    results = {name: serve(stepper, requests, s["every"], prompts) for name, stepper in steppers.items()}
-    old, new = (results[name].pop("tokens") for name in steppers)
+    results = {name: serve(stepper, requests, s["every"]) for name, stepper in steppers.items()}
+    old, new = (r.pop("tokens") for r in results.values())
     del results["ch05_paged_attention"]["preemptions"], results["ch05_paged_attention"]["recomputed_tokens"]
     a, b = results.values()
     for name, r in results.items():
@@ -112,4 +105,4 @@ def plot(result: dict, path) -> None:
     speed.set(ylabel="output tokens/s", title="throughput")
     ttft.bar(names, [result["results"][n]["ttft_median_steps"] for n in names], color=["tab:gray", "tab:red"])
     ttft.set(ylabel="engine steps", title="median time to first token, in steps")
-    harness.save_figure(fig, path, "arrivals: " + harness.caption(result))
+    harness.save_figure(fig, path, result, "arrivals: ")

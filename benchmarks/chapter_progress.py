@@ -10,8 +10,6 @@ transformers' on a sample (one request at a time) and the latest chapter's.
     python -m benchmarks chapters
 """
 
-import time
-
 import chapters
 
 from . import harness
@@ -20,20 +18,14 @@ NAME = "chapters"
 HELP = "DESIGN §6 chapters: every chapter checkpoint on one small workload (tokens/s per chapter)"
 CHAPTER = 7  # runs through the engines' processes, which drive chapter 07's step engine
 
-FULL = {
-    "requests": 8,
-    "prompt_len": [32, 128],
-    "max_tokens": 32,
-    "batch": 8,
-    "seed": 0,
-    "check_requests": 2,
-    "check_tokens": 16,
-}
+FULL = {"requests": 8, "prompt_len": [32, 128], "max_tokens": 32, "batch": 8, "seed": 0}
+FULL |= {"check_requests": 2, "check_tokens": 16}
 QUICK = {"requests": 3, "prompt_len": [8, 24], "max_tokens": 6, "check_requests": 1, "check_tokens": 4}
+COLUMNS = {"checkpoint": "checkpoint", "output_tokens_per_s": "output tok/s", "speedup_vs_first": "x ch01"}
+COLUMNS |= {"share_of_roofline_output": "roofline share", "identical_to_latest": "= latest", "error": "error"}
 
 
 def add_arguments(parser) -> None:
-    harness.add_arguments(parser, FULL)
     parser.add_argument("--only", default=None, help="comma-separated chapter numbers to run (default: all)")
 
 
@@ -47,23 +39,16 @@ def checkpoint_options(point: chapters.Checkpoint, batch: int) -> dict:
     return options
 
 
-def run(args) -> dict:
-    s = harness.settings(args, FULL, QUICK)
-    json_path, figure = harness.output_paths(args, "chapters", "throughput_per_chapter")
-    started = time.perf_counter()
-    with harness.OtherLoad() as other:
-        result = measure(args, s)
+def run(args, s: dict) -> dict:
     wrong = "a checkpoint's greedy tokens differ from transformers'"
-    return harness.finish(result, other, started, json_path, [figure], lambda r: plot(r, figure), report, wrong)
+    return harness.save(args, NAME, lambda: measure(args, s), "chapters", plot, "throughput_per_chapter", report, wrong)
 
 
 def measure(args, s: dict) -> dict:
-    machine, before = harness.describe_machine("cpu", args.threads), harness.measure_rates(args.quick)
-    config = harness.model_config(args.model)
-    params = harness.parameter_counts(config)
-    lengths = [s["max_tokens"]] * 2
-    requests = harness.random_requests(s["requests"], s["prompt_len"], lengths, config.vocab_size, s["seed"])
-    warmup = harness.random_requests(1, [8, 8], [2, 2], config.vocab_size, s["seed"] + 1000)
+    before, config = harness.measure_rates(args.quick), harness.model_config(args.model)
+    params, vocab = harness.parameter_counts(config), config.vocab_size
+    requests = harness.random_requests(s["requests"], s["prompt_len"], [s["max_tokens"]] * 2, vocab, s["seed"])
+    warmup = harness.random_requests(1, [8, 8], [2, 2], vocab, s["seed"] + 1000)
     wanted = {int(c) for c in args.only.split(",")} if args.only else None
     common = dict(model=args.model, threads=args.threads, requests=requests, warmup=warmup)
     sample = list(range(min(s["check_requests"], len(requests))))
@@ -82,9 +67,8 @@ def measure(args, s: dict) -> dict:
             tokens[point.number], useful = r["tokens"], sum(min(len(t), s["max_tokens"]) for t in r["tokens"])
             row |= dict(slug=r["chapter"], wall_s=round(r["wall_s"], 2), output_tokens=useful, load_s=r["load_s"])
             row |= dict(output_tokens_per_s=round(useful / r["wall_s"], 2), memory=r["memory"])
-            row |= dict(
-                peak_rss_run_mib=r["memory"]["peak_rss_run_mib"], check=harness.check_against(reference, r["tokens"])
-            )
+            row |= dict(peak_rss_run_mib=r["memory"]["peak_rss_run_mib"])
+            row |= dict(check=harness.check_against(reference, r["tokens"]))
         rows.append({key: value for key, value in row.items() if key != "error" or value})
     roof = harness.rooflines([before, harness.measure_rates(args.quick)], params)
     done = [row for row in rows if "error" not in row]
@@ -97,31 +81,22 @@ def measure(args, s: dict) -> dict:
         "warmed up before); chapters 01-02 serve one request at a time, 03-07 batch up to `batch`."
     ]
     correct = bool(rows) and all(row.get("check", {}).get("passed") for row in rows)
-    head = harness.stamp(NAME, args, machine, s | {"greedy": True, "ignore_eos": True, "threads": args.threads})
-    return head | dict(dtype="float32", parameters=params, roofline=roof, chapters=rows, correct=correct, notes=notes)
+    out = dict(settings=s | {"greedy": True, "ignore_eos": True, "threads": args.threads}, dtype="float32")
+    return out | dict(parameters=params, roofline=roof, chapters=rows, correct=correct, notes=notes)
 
 
 def report(result: dict) -> None:
-    columns = [
-        ("checkpoint", "checkpoint"),
-        ("output_tokens_per_s", "output tok/s"),
-        ("speedup_vs_first", "x ch01"),
-        ("share_of_roofline_output", "roofline share"),
-        ("identical_to_latest", "= latest"),
-        ("error", "error"),
-    ]
-    harness.print_table(result["chapters"], columns)
+    harness.print_table(result["chapters"], COLUMNS)
 
 
 def plot(result: dict, path) -> None:
-    rows = [r for r in result["chapters"] if "error" not in r]
+    rows, s = [r for r in result["chapters"] if "error" not in r], result["settings"]
     fig, ((ax,),) = harness.figure_axes(1, 1, (9, 4))
     names = [f"ch{r['chapter']:02d}\n{r['slug'][3:].replace('_', ' ')}" for r in rows]
     bars = ax.bar(names, [r["output_tokens_per_s"] for r in rows], color="tab:red")
     ax.bar_label(bars, [f"{r['output_tokens_per_s']:.0f}" for r in rows], fontsize=8)
     ax.set_yscale("log")
-    s = result["settings"]
     title = f"throughput per chapter: {s['requests']} requests x {s['max_tokens']} tokens, batch {s['batch']}"
     ax.set(ylabel="output tokens/s (log scale)", title=title)
     ax.tick_params(axis="x", labelsize=8)
-    harness.save_figure(fig, path, harness.caption(result))
+    harness.save_figure(fig, path, result)

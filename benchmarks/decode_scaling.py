@@ -9,6 +9,7 @@ API is used, so the same workload measures every chapter's checkpoint:
 """
 
 import statistics
+from functools import partial
 
 from . import harness, named_checkpoint
 
@@ -21,68 +22,45 @@ FULL |= {"total_tokens": 96}  # one whole generation from the shortest prompt, t
 QUICK = {"lengths": [8, 16], "steps": 2, "repeats": 1, "total_tokens": 8}
 
 
-def add_arguments(parser) -> None:
-    harness.add_arguments(parser, FULL)
-
-
-def run(args) -> dict:
-    s = harness.settings(args, FULL, QUICK)
+def run(args, s: dict) -> dict:
     point = named_checkpoint(s["checkpoint"])
     module = point.load()
     tag = f"ch{module.__chapter__[:2]}"
-    return harness.chapter_run(
-        args,
-        NAME,
-        lambda: measure(args, s, point.module, module) | {"tag": tag},
-        f"decode_scaling_{tag}",
-        f"decode_scaling_{tag}",
-        plot,
-    )
+    return harness.save(args, NAME, partial(measure, args, s, point.module, module, tag), f"decode_scaling_{tag}", plot)
 
 
-def measure(args, s: dict, name: str, module) -> dict:
+def measure(args, s: dict, name: str, module, tag: str) -> dict:
     llm = module.LLM(model=args.model)
-    vocab = llm.tokenizer.vocab_size
-    prompts = {n: harness.random_requests(1, [n, n], [1, 1], vocab, s["seed"] + n)[0][0] for n in s["lengths"]}
-    harness.timed_generate(module, llm, [prompts[s["lengths"][0]]], 2)  # warm-up: first calls are slower
-    # whole passes over all lengths, repeated: a burst of other work spoils one pass, which the minimum discards
-    firsts, fulls, wholes = {n: [] for n in s["lengths"]}, {n: [] for n in s["lengths"]}, []
-    for repeat in range(s["repeats"]):
-        print(f"{name}: pass {repeat + 1} of {s['repeats']}", flush=True)
-        for n in s["lengths"]:
-            firsts[n].append(harness.timed_generate(module, llm, [prompts[n]], 1)[0])
-            fulls[n].append(harness.timed_generate(module, llm, [prompts[n]], 1 + s["steps"])[0])
-        if s["total_tokens"]:
-            wholes.append(harness.timed_generate(module, llm, [prompts[s["lengths"][0]]], s["total_tokens"])[0])
+    lengths, steps, total, vocab = s["lengths"], s["steps"], s["total_tokens"], llm.tokenizer.vocab_size
+    prompts = {n: harness.random_requests(1, [n, n], [1, 1], vocab, s["seed"] + n)[0][0] for n in lengths}
+    generate = partial(harness.timed_generate, module, llm)
+    generate([prompts[lengths[0]]], 2)  # warm-up: first calls are slower
+    calls = {}
+    for n in lengths:  # the first token alone, then with the decode steps
+        calls["first", n] = partial(generate, [prompts[n]], 1)
+        calls["full", n] = partial(generate, [prompts[n]], 1 + steps)
+    if total:
+        calls["whole"] = partial(generate, [prompts[lengths[0]]], total)
+    best = {key: min(times) for key, times in harness.timed_passes(calls, s["repeats"], name)[0].items()}
     points = []
-    for n in s["lengths"]:
-        decode_ms = (min(fulls[n]) - min(firsts[n])) / s["steps"] * 1000
-        point = dict(prompt_len=n, mean_context_len=n + (s["steps"] + 1) / 2)  # step j sees n + j tokens
-        point |= dict(first_token_ms=round(min(firsts[n]) * 1000, 2), decode_ms_per_token=round(decode_ms, 2))
+    for n in lengths:
+        decode_ms = (best["full", n] - best["first", n]) / steps * 1000
+        point = dict(prompt_len=n, mean_context_len=n + (steps + 1) / 2)  # step j sees n + j tokens
+        point |= dict(first_token_ms=round(best["first", n] * 1000, 2), decode_ms_per_token=round(decode_ms, 2))
         points.append(point | {"decode_tokens_per_s": round(1000 / decode_ms, 2)})
+        print(f"  prompt {n:>5}: first token {point['first_token_ms']:.0f} ms, decode step {decode_ms:.1f} ms")
     xs, ys = [p["mean_context_len"] for p in points], [p["decode_ms_per_token"] for p in points]
     slope = statistics.linear_regression(xs, ys).slope if len(set(xs)) > 1 else 0.0
     intercept = statistics.fmean(ys) - slope * statistics.fmean(xs)
     whole = None
-    if s["total_tokens"]:
-        n, total = s["lengths"][0], s["total_tokens"]
-        predicted = (
-            points[0]["first_token_ms"] / 1000 + sum(intercept + slope * (n + i) for i in range(1, total)) / 1000
-        )
-        whole = {
-            "prompt_len": n,
-            "max_tokens": total,
-            "measured_s": round(min(wholes), 2),
-            "predicted_from_fit_s": round(predicted, 2),
-        }
-    for p in points:
-        print(
-            f"  prompt {p['prompt_len']:>5}: first token {p['first_token_ms']:.0f} ms, decode step "
-            f"{p['decode_ms_per_token']:.1f} ms"
-        )
+    if total:  # the fitted steps added up, against one measured generation
+        n = lengths[0]
+        steps_s = sum(intercept + slope * (n + i) for i in range(1, total)) / 1000
+        predicted = round(points[0]["first_token_ms"] / 1000 + steps_s, 2)
+        whole = dict(prompt_len=n, max_tokens=total, measured_s=round(best["whole"], 2), predicted_from_fit_s=predicted)
     fit = {"intercept_ms": round(intercept, 2), "slope_ms_per_token": round(slope, 4)}
     out = harness.checkpoint_record(name, module, llm) | dict(points=points, fit=fit, whole_generation=whole)
-    return out | {"settings": s | {"greedy": True, "ignore_eos": True}}
+    return out | {"settings": s | {"greedy": True, "ignore_eos": True}, "tag": tag}
 
 
 def plot(result: dict, path) -> None:
@@ -91,12 +69,9 @@ def plot(result: dict, path) -> None:
     lengths = [p["mean_context_len"] for p in points]
     cost.plot(lengths, [p["decode_ms_per_token"] for p in points], "o", label="decode step (measured)")
     cost.plot([p["prompt_len"] for p in points], [p["first_token_ms"] for p in points], "x", label="first token")
+    a, b = fit["intercept_ms"], fit["slope_ms_per_token"]
     cost.plot(
-        [0, max(lengths)],
-        [fit["intercept_ms"], fit["intercept_ms"] + fit["slope_ms_per_token"] * max(lengths)],
-        "--",
-        color="gray",
-        label=f"fit: {fit['intercept_ms']:.0f} ms + {fit['slope_ms_per_token']:.2f} ms × length",
+        [0, max(lengths)], [a, a + b * max(lengths)], "--", color="gray", label=f"fit: {a:.0f} ms + {b:.2f} ms × length"
     )
     cost.set(xlabel="tokens in the sequence", ylabel="milliseconds per generated token", title="cost of one step")
     cost.legend(fontsize=8)
@@ -107,14 +82,13 @@ def plot(result: dict, path) -> None:
     seconds, curve = points[0]["first_token_ms"] / 1000, []
     for n in range(1, max(p["prompt_len"] for p in points) - start + 2):
         curve.append((n, seconds))
-        seconds += (fit["intercept_ms"] + fit["slope_ms_per_token"] * (start + n)) / 1000
+        seconds += (a + b * (start + n)) / 1000
     total.plot(*zip(*curve), "--", color="gray", label="sum of the fitted step costs")
     if whole:
         total.plot([whole["max_tokens"]], [whole["measured_s"]], "o", label="measured")
-    total.set(
-        xlabel=f"tokens generated from a {start}-token prompt", ylabel="seconds", title="time to generate N tokens"
-    )
+    total.set(xlabel=f"tokens generated from a {start}-token prompt", ylabel="seconds")
+    total.set_title("time to generate N tokens")
     total.legend(fontsize=8)
     for ax in (cost, speed, total):
         ax.set(xlim=(0, None), ylim=(0, None))
-    harness.save_figure(fig, path, f"{result['checkpoint']}, {result['dtype']}: " + harness.caption(result))
+    harness.save_figure(fig, path, result, f"{result['checkpoint']}, {result['dtype']}: ")

@@ -12,6 +12,7 @@ then every request is submitted at t = 0. Every request is greedy with EOS ignor
   checkpoint     one chapter checkpoint's `LLM.generate`
 """
 
+import contextlib
 import importlib
 import json
 import sys
@@ -21,23 +22,20 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .harness import random_requests, timed_generate
+from .peer_protocol import Clock
 
-class PeakMemory:
+
+@contextlib.contextmanager
+def peak_memory():
     """The resident-set peak (MiB) of a timed section: the kernel's high-water mark is reset at the start."""
-
-    def __enter__(self):
-        try:
-            self.reset = Path("/proc/self/clear_refs").write_text("5") > 0
-        except OSError:  # not Linux, or not allowed: no peak
-            self.reset = False
-        return self
-
-    def __exit__(self, *exc):
-        status = Path("/proc/self/status").read_text() if self.reset else ""
-        self.peak = round(int(status.split("VmHWM:")[1].split()[0]) / 1024, 1) if self.reset else None
-
-    def as_dict(self) -> dict:
-        return {"peak_rss_run_mib": self.peak, "peak_is_of_run": self.reset}
+    memory = {"peak_rss_run_mib": None, "peak_is_of_run": False}
+    with contextlib.suppress(OSError):  # not Linux, or not allowed: no peak
+        memory["peak_is_of_run"] = Path("/proc/self/clear_refs").write_text("5") > 0
+    yield memory
+    if memory["peak_is_of_run"]:
+        status = Path("/proc/self/status").read_text()
+        memory["peak_rss_run_mib"] = round(int(status.split("VmHWM:")[1].split()[0]) / 1024, 1)
 
 
 def load_timed(make):
@@ -47,32 +45,20 @@ def load_timed(make):
 
 def timed_run(requests: list, desc: str, submit, advance) -> dict:
     """Submit every request at t = 0 with `submit(i, prompt, max_tokens)`, then call `advance()` (which
-    returns (index, token ids, finished) for each request that got a token) until all are done."""
-    n = len(requests)
-    first, last, tokens = [None] * n, [None] * n, [None] * n
+    returns (index, token ids, finished) for each request that got a token) until all are done. Each request's
+    first and last token are timed by the clock the peers' scripts time theirs with."""
     steps = 0
-    with PeakMemory() as memory, tqdm(total=n, desc=desc, unit="req") as bar:
-        start = time.perf_counter()
+    with peak_memory() as memory, tqdm(total=len(requests), desc=desc, unit="req") as bar:
+        clock = Clock(len(requests))
         for i, (prompt, max_tokens) in enumerate(requests):
             submit(i, prompt, max_tokens)
-        while None in tokens:
+        while None in clock.tokens:
             advanced = advance()
-            now = time.perf_counter() - start
             steps += 1
             for i, token_ids, finished in advanced:
-                first[i] = now if first[i] is None else first[i]
-                if finished:
-                    last[i], tokens[i] = now, list(token_ids)
-            bar.update(sum(finished for _, _, finished in advanced))
-    return {
-        "wall_s": max(last),
-        "steps": steps,
-        "first_token_s": first,
-        "last_token_s": last,
-        "tokens": tokens,
-        "memory": memory.as_dict(),
-        "t0": start,
-    }
+                clock.token(i, token_ids if finished else None)
+            bar.update(sum(finished for *_, finished in advanced))
+    return clock.result() | dict(steps=steps, memory=memory, t0=clock.start)
 
 
 # --- rosellm ---------------------------------------------------------------------------------------------
@@ -82,9 +68,8 @@ def rosellm_run(engine, requests: list, desc: str, prefix: str) -> dict:
     from rosellm import SamplingParams
 
     def submit(i, prompt, max_tokens):
-        engine.add_request(
-            f"{prefix}{i}", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        )
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        engine.add_request(f"{prefix}{i}", prompt, params)
 
     def advance():
         return [(int(o.request_id.removeprefix(prefix)), o.token_ids, o.finished) for o in engine.step()]
@@ -94,13 +79,11 @@ def rosellm_run(engine, requests: list, desc: str, prefix: str) -> dict:
     return run
 
 
-def decode_sweep(engine, batch_sizes: list[int], prompt_len: int, steps: int, vocab_size: int) -> list[dict]:
+def decode_sweep(engine, batch_sizes: list[int], prompt_len: int, steps: int) -> list[dict]:
     """Decode tokens/s at each batch size b: b requests are prefilled (untimed), then `steps` steps timed."""
     from rosellm import SamplingParams
 
-    from .harness import random_requests
-
-    points = []
+    points, vocab_size = [], engine.model.config.vocab_size
     for b in batch_sizes:
         # room for the decode steps the first prompts make while later ones prefill: none finishes while timed
         params = SamplingParams(temperature=0.0, max_tokens=2 * steps + b + 2, ignore_eos=True)
@@ -114,9 +97,8 @@ def decode_sweep(engine, batch_sizes: list[int], prompt_len: int, steps: int, vo
         elapsed = time.perf_counter() - start
         for request_id in ids:
             engine.abort_request(request_id)
-        tokens_per_s = round(produced / elapsed, 2)
-        points.append(dict(batch_size=b, decode_steps=steps, tokens=produced, seconds=round(elapsed, 4)))
-        points[-1]["tokens_per_s"] = tokens_per_s
+        point = dict(batch_size=b, decode_steps=steps, tokens=produced, seconds=round(elapsed, 4))
+        points.append(point | {"tokens_per_s": round(produced / elapsed, 2)})
     return points
 
 
@@ -144,16 +126,14 @@ def profile_run(engine, requests: list) -> dict:
             kind = "gemm" if name in GEMM else "attention" if any(a in name for a in ATTENTION) else None
             if kind:
                 seconds[kind] += event.cpu_time_total / 1e6
-    forward = seconds["forward"] - seconds["gemm"] - seconds["attention"]
-    parts = {key: seconds[key] for key in ("gemm", "attention")} | {"other_model": forward}
+    parts = dict(gemm=seconds["gemm"], attention=seconds["attention"])
+    parts["other_model"] = seconds["forward"] - seconds["gemm"] - seconds["attention"]
     parts |= {key: seconds[key] for key in ("lm_head", "schedule", "sample", "commit")}
     parts["python_rest"] = total - sum(seconds[key] for key in PHASES)
     steps = run["steps"]
     rows = [
-        dict(
-            part=key, seconds=round(value, 3), share=round(value / total, 4), ms_per_step=round(1000 * value / steps, 3)
-        )
-        for key, value in parts.items()
+        dict(part=key, seconds=round(s, 3), share=round(s / total, 4), ms_per_step=round(1000 * s / steps, 3))
+        for key, s in parts.items()
     ]
     out = dict(steps=steps, step_total_s=round(total, 3), wall_s=round(run["wall_s"], 2), requests=len(requests))
     return out | dict(tokens=sum(len(t) for t in run["tokens"]), parts=rows, legend=profile_run.__doc__)
@@ -163,24 +143,17 @@ def task_rosellm(spec: dict) -> dict:
     import rosellm
 
     dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else None
+    options = spec.get("engine_options", {})
     engine, load_s = load_timed(
-        lambda: rosellm.LLMEngine(
-            model=spec.get("model"), device=spec.get("device", "cpu"), dtype=dtype, **spec.get("engine_options", {})
-        )
+        lambda: rosellm.LLMEngine(spec.get("model"), spec.get("device", "cpu"), dtype, **options)
     )
     rosellm_run(engine, spec["warmup"], "rosellm warm-up", "warmup-")
     runs = [rosellm_run(engine, spec["requests"], "rosellm", f"r{k}-") for k in range(spec.get("repeats", 1))]
-    result = {
-        "engine": "rosellm",
-        "load_s": load_s,
-        **min(runs, key=lambda r: r["wall_s"]),
-        "repeat_walls_s": [round(r["wall_s"], 3) for r in runs],
-    }
+    result = {"engine": "rosellm", "load_s": load_s, **min(runs, key=lambda r: r["wall_s"])}
+    result["repeat_walls_s"] = [round(r["wall_s"], 3) for r in runs]
     if spec.get("sweep"):
         sweep = spec["sweep"]
-        result["decode_sweep"] = decode_sweep(
-            engine, sweep["batch_sizes"], sweep["prompt_len"], sweep["steps"], engine.model.config.vocab_size
-        )
+        result["decode_sweep"] = decode_sweep(engine, sweep["batch_sizes"], sweep["prompt_len"], sweep["steps"])
     if spec.get("profile_requests"):
         result["profile"] = profile_run(engine, spec["profile_requests"])
     return result
@@ -195,17 +168,13 @@ def load_hf(spec: dict):
 
     from rosellm.loader import bundled_model_path
 
-    device = spec.get("device", "cpu")
     dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else torch.float32
     path = bundled_model_path() if spec.get("model") is None else Path(spec["model"])
-    if path.suffix == ".gguf":
-        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-    else:
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    hf = hf.to(device).eval()
+    gguf = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    hf = AutoModelForCausalLM.from_pretrained(path.parent if gguf else path, dtype=dtype, **gguf)
+    hf = hf.to(spec.get("device", "cpu")).eval()
     hf.generation_config.eos_token_id = None  # EOS ignored: every request runs to its max_tokens
-    eos = hf.config.eos_token_id
-    pad = hf.config.pad_token_id
+    eos, pad = hf.config.eos_token_id, hf.config.pad_token_id
     hf.generation_config.pad_token_id = pad if pad is not None else (eos[0] if isinstance(eos, list) else eos) or 0
     return hf
 
@@ -217,16 +186,13 @@ def hf_generate_batch(hf, prompts: list[list[int]], max_new_tokens: int) -> tupl
 
     stamps = []
     width, pad = max(len(p) for p in prompts), hf.generation_config.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=hf.device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=hf.device)  # (batch, width)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)  # (batch, width)
+    stamp = LogitsProcessorList([lambda _, scores: stamps.append(time.perf_counter()) or scores])
     with torch.inference_mode():
         out = hf.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            logits_processor=LogitsProcessorList([lambda _, s: stamps.append(time.perf_counter()) or s]),
-        )
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, logits_processor=stamp
+        )  # (batch, width + max_new_tokens)
     if hf.device.type == "cuda":
         torch.cuda.synchronize()
     return out[:, width:].tolist(), stamps
@@ -255,7 +221,7 @@ def static_batches(hf, requests: list, size: int) -> dict:
     n = len(requests)
     first, last, returned, tokens = [None] * n, [None] * n, [None] * n, [None] * n
     padded = 0  # token positions the batches ran, padding included
-    with PeakMemory() as memory:
+    with peak_memory() as memory:
         start = time.perf_counter()
         for lo in tqdm(range(0, n, size), desc=f"transformers generate (batches of {size})", unit="batch"):
             batch = requests[lo : lo + size]
@@ -266,15 +232,8 @@ def static_batches(hf, requests: list, size: int) -> dict:
             for j, (_, m) in enumerate(batch):
                 first[lo + j], last[lo + j] = stamps[0] - start, stamps[m - 1] - start
                 returned[lo + j], tokens[lo + j] = done, new[j][:m]
-    return {
-        "wall_s": max(returned),
-        "first_token_s": first,
-        "last_token_s": last,
-        "returned_s": returned,
-        "tokens": tokens,
-        "padded_token_positions": padded,
-        "memory": memory.as_dict(),
-    }
+    run = dict(wall_s=max(returned), first_token_s=first, last_token_s=last, returned_s=returned, tokens=tokens)
+    return run | dict(padded_token_positions=padded, memory=memory)
 
 
 def task_hf_continuous(spec: dict) -> dict:
@@ -283,21 +242,14 @@ def task_hf_continuous(spec: dict) -> dict:
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     hf, load_s = load_timed(lambda: load_hf(spec))
-    options = spec.get("cb_options", {})
-    config = GenerationConfig(
-        do_sample=False,
-        max_new_tokens=max(m for _, m in spec["requests"]),
-        eos_token_id=-1,
-        pad_token_id=hf.generation_config.pad_token_id,
-    )
+    options, pad = spec.get("cb_options", {}), hf.generation_config.pad_token_id
+    longest = max(m for _, m in spec["requests"])
+    config = GenerationConfig(do_sample=False, max_new_tokens=longest, eos_token_id=-1, pad_token_id=pad)
 
     def session(requests: list, desc: str) -> dict:
-        stamps = {}
+        stamps, cb = {}, ContinuousBatchingConfig(**options)
         with hf.continuous_batching_context_manager(
-            generation_config=config,
-            block=True,
-            timeout=30,
-            continuous_batching_config=ContinuousBatchingConfig(**options),
+            generation_config=config, block=True, timeout=30, continuous_batching_config=cb
         ) as manager:
 
             def submit(i, prompt, max_tokens):
@@ -318,10 +270,9 @@ def task_hf_continuous(spec: dict) -> dict:
 
             run = timed_run(requests, desc, submit, advance)
         t0 = run.pop("t0")  # the manager stamps every token: first and last come from its stamps
+        ends = run["last_token_s"]
         run["first_token_s"] = [stamps[i][0] - t0 if stamps[i] else None for i in range(len(requests))]
-        run["last_token_s"] = [
-            stamps[i][-1] - t0 if stamps[i] else run["last_token_s"][i] for i in range(len(requests))
-        ]
+        run["last_token_s"] = [stamps[i][-1] - t0 if stamps[i] else ends[i] for i in range(len(requests))]
         return run
 
     session(spec["warmup"], "warm-up")
@@ -336,24 +287,11 @@ def task_checkpoint(spec: dict) -> dict:
     """One chapter checkpoint through its public `LLM.generate` only, so that every chapter runs the same."""
     engine = importlib.import_module(spec["checkpoint"])
     llm, load_s = load_timed(lambda: engine.LLM(model=spec.get("model"), **spec.get("options", {})))
-
-    def generate(requests):
-        params = [engine.SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for _, m in requests]
-        return llm.generate([p for p, _ in requests], params, use_tqdm=False)
-
-    generate(spec["warmup"])
-    with PeakMemory() as memory:
-        start = time.perf_counter()
-        outputs = generate(spec["requests"])
-        wall = time.perf_counter() - start
-    return {
-        "engine": spec["checkpoint"],
-        "chapter": engine.__chapter__,
-        "load_s": load_s,
-        "wall_s": wall,
-        "tokens": [list(o.token_ids) for o in outputs],
-        "memory": memory.as_dict(),
-    }
+    timed_generate(engine, llm, [p for p, _ in spec["warmup"]], [m for _, m in spec["warmup"]])
+    with peak_memory() as memory:
+        wall, outputs = timed_generate(engine, llm, [p for p, _ in spec["requests"]], [m for _, m in spec["requests"]])
+    result = dict(engine=spec["checkpoint"], chapter=engine.__chapter__, load_s=load_s, wall_s=wall)
+    return result | {"tokens": [list(o.token_ids) for o in outputs], "memory": memory}
 
 
 TASKS = {

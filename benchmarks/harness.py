@@ -1,5 +1,5 @@
 """What the workloads share: settings, the requests, the machine and its measured rates, one process per
-engine, the greedy check, statistics and result files.
+engine, the greedy check, statistics, result files and figures.
 
 Rooflines. A decoder spends 2 FLOP per weight per token in its linear layers. With P the weights that every
 generated token goes through (the decoder layers and the LM head; the embedding is a lookup, not a GEMM):
@@ -28,26 +28,20 @@ FIGURES = ROOT / "docs" / "figures"
 SMOLLM2 = "SmolLM2-135M-Instruct (bundled GGUF, dequantized to fp32)"
 
 
-# --- settings: one dict of defaults per workload, a smaller one for --quick ------------------------------
+# --- settings: a workload's FULL defaults, what --quick changes (QUICK) ------------------------------------
 
 
-def add_arguments(parser, full: dict, figure: bool = True) -> None:
+def add_arguments(parser, full: dict) -> None:
     """An option per setting of `full` (a list takes values apart or comma-separated), plus the common ones."""
     for key, value in full.items():
         many = isinstance(value, list)
-        parser.add_argument(
-            "--" + key.replace("_", "-"),
-            type=str if many else type(value),
-            nargs="+" if many else None,
-            default=None,
-            help=f"default {value}",
-        )
+        option, kind = "--" + key.replace("_", "-"), str if many else type(value)
+        parser.add_argument(option, type=kind, nargs="+" if many else None, help=f"default {value}")
     parser.add_argument("--model", default=None, help=".gguf file or Hugging Face folder (default: SmolLM2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="a tiny run that checks the harness, not the speed")
     parser.add_argument("--json", type=Path, default=None, help="result file")
-    if figure:
-        parser.add_argument("--figure", type=Path, default=None, help="figure")
+    parser.add_argument("--figure", type=Path, default=None, help="figure")
 
 
 def settings(args, full: dict, quick: dict) -> dict:
@@ -62,13 +56,13 @@ def settings(args, full: dict, quick: dict) -> dict:
     return out
 
 
-def output_paths(args, name: str, figure: str | None = None) -> tuple[Path, Path]:
+def output_paths(args, name: str, figure: str = "") -> tuple[Path, Path]:
     """The result file and figure: given, else results/NAME.json and figures/FIGURE.png (--quick: NAME_quick.*
     side by side, so that a quick run never overwrites the book's results)."""
     if args.quick:
         json_path = args.json or RESULTS / f"{name}_quick.json"
-        return json_path, getattr(args, "figure", None) or json_path.with_suffix(".png")
-    return args.json or RESULTS / f"{name}.json", getattr(args, "figure", None) or FIGURES / f"{figure or name}.png"
+        return json_path, args.figure or json_path.with_suffix(".png")
+    return args.json or RESULTS / f"{name}.json", args.figure or FIGURES / f"{figure or name}.png"
 
 
 def command_line() -> str:
@@ -84,9 +78,7 @@ def command_line() -> str:
 # --- requests and model ----------------------------------------------------------------------------------
 
 
-def random_requests(
-    count: int, prompt_len: list[int], max_tokens: list[int], vocab_size: int, seed: int
-) -> list[tuple[list[int], int]]:
+def random_requests(count: int, prompt_len: list, max_tokens: list, vocab_size: int, seed: int) -> list[tuple]:
     """`count` requests (prompt token ids, max_tokens), lengths uniform in the given ranges. The lowest ids,
     the special tokens of most vocabularies, are left out."""
     rng = random.Random(seed)
@@ -169,29 +161,26 @@ def best_seconds(fn, repeats: int, device: str) -> tuple[float, float]:
     """(best, median) seconds of `fn()` after one warm-up call: other work only slows a run down."""
     import torch
 
+    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
     fn()
     times = []
     for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - start)
     return min(times), sorted(times)[len(times) // 2]
 
 
-def measure_rates(
-    quick: bool, device: str = "cpu", dtype: str = "float32", n: int | None = None, mib: int | None = None
-) -> dict:
+def measure_rates(quick: bool, device: str = "cpu", dtype: str = "float32", n: int = 0, mib: int = 0) -> dict:
     """The GEMM rate (one square `torch.mm`) and the memory bandwidth (a copy: each byte read and written)."""
     import torch
 
     n, mib, repeats = n or (512 if quick else 2048), mib or (32 if quick else 256), 3 if quick else 5
-    a = torch.randn(n, n, device=device).to(getattr(torch, dtype))
+    a = torch.randn(n, n, device=device).to(getattr(torch, dtype))  # (n, n)
     out = torch.empty_like(a)
-    src = torch.ones(mib << 18, device=device)
+    src = torch.ones(mib << 18, device=device)  # (mib MiB / 4 bytes,) fp32
     dst = torch.empty_like(src)
     with OtherLoad() as other:
         gemm = best_seconds(lambda: torch.mm(a, a, out=out), repeats, device)
@@ -255,7 +244,7 @@ def check_against(reference: dict, tokens: list | dict) -> dict:
     return dict(requests=len(reference), tokens_each=tokens_each, passed=passed, mismatches=mismatches)
 
 
-# --- statistics and output -----------------------------------------------------------------------------
+# --- statistics ------------------------------------------------------------------------------------------
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -276,38 +265,46 @@ def median_p90(values: list, scale: float = 1.0, digits: int = 2) -> dict:
     return {"median": round(percentile(values, 50), digits), "p90": round(percentile(values, 90), digits)}
 
 
-def stamp(workload: str, args, machine: dict, settings: dict) -> dict:
-    """The head of every result file."""
-    return {
-        "workload": workload,
-        "command": command_line(),
-        "date": datetime.date.today().isoformat(),
-        "quick": args.quick,
-        "model": args.model or SMOLLM2,
-        "machine": machine,
-        "settings": settings,
-    }
+# --- result files ----------------------------------------------------------------------------------------
 
 
-def finish(
-    result: dict, other: OtherLoad, started: float, json_path: Path, figures: list[Path], draw, report, wrong: str
-) -> dict:
-    """Stamp a run with the CPU other processes used and its wall time, write its JSON, draw its figures, print
-    its report; exit with status 1 if an engine it vouches for gave wrong tokens (`wrong` says which)."""
-    result["other_processes_cpu_share"] = result["machine"]["other_processes_cpu_share"] = other.share
-    result["wall_s"] = round(time.perf_counter() - started, 1)
+def measured(args, workload: str, measure, device: str = "cpu") -> dict:
+    """A result: the machine described (torch's threads set first), then `measure()`, whose settings come under
+    "settings", under the head every result file starts with; the CPU other processes used and the wall time."""
+    started, machine = time.perf_counter(), describe_machine(device, args.threads)
+    with OtherLoad() as other:
+        body = measure()
+    head = dict(workload=workload, command=command_line(), date=datetime.date.today().isoformat(), quick=args.quick)
+    head |= dict(model=args.model or SMOLLM2, machine=machine, settings=body.pop("settings"))
+    result = head | body | {"correct": body.get("correct", True)}
+    result["other_processes_cpu_share"] = machine["other_processes_cpu_share"] = other.share
+    return result | {"wall_s": round(time.perf_counter() - started, 1)}
+
+
+def write(result: dict, json_path: Path, figures: list[Path], plot, report, wrong: str) -> dict:
+    """Write a result's JSON, draw its figures (`plot(result, *figures)`), print its report; exit with status 1
+    if an engine it vouches for gave wrong tokens (`wrong` says which)."""
     result["figures"] = [repo_path(path) for path in figures]
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=2) + "\n")
-    draw(result)
-    report(result)
+    plot(result, *figures)
+    if report:
+        report(result)
     print(f"wrote {json_path} and {', '.join(result['figures'])} ({result['wall_s']} s)")
-    if other.share and other.share > 0.05:
-        print(f"warning: other processes used {other.share:.0%} of the CPU during the run; the timings are disturbed")
+    other = result["other_processes_cpu_share"]
+    if other and other > 0.05:
+        print(f"warning: other processes used {other:.0%} of the CPU during the run; the timings are disturbed")
     if not result["correct"]:
         print(f"ERROR: {wrong}", file=sys.stderr)
         raise SystemExit(1)
     return result
+
+
+def save(args, workload: str, measure, name: str, plot, figure: str = "", report=None, wrong: str = "") -> dict:
+    """`measured(...)`, then `write(...)` to results/NAME.json and figures/FIGURE.png (see `output_paths`)."""
+    result = measured(args, workload, measure)
+    json_path, figure_path = output_paths(args, name, figure)
+    return write(result, json_path, [figure_path], plot, report, wrong or f"{workload}: the engines' tokens disagree")
 
 
 def repo_path(path: Path) -> str:
@@ -317,22 +314,25 @@ def repo_path(path: Path) -> str:
         return str(path)
 
 
-def print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
-    """A plain text table: columns are (key, heading); missing values print as '-'."""
+def print_table(rows: list[dict], columns: dict[str, str]) -> None:
+    """A plain text table: `columns` maps a key of the rows to its heading; missing values print as '-'."""
 
     def cell(value) -> str:
         if isinstance(value, float):
             return f"{value:,.3g}" if abs(value) < 10 else f"{value:,.1f}"
         return "-" if value is None else str(value)
 
-    cells = [[cell(row.get(key)) for key, _ in columns] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, (_, h) in enumerate(columns)]
-    for line in [[h for _, h in columns], ["-" * w for w in widths], *cells]:
+    cells = [[cell(row.get(key)) for key in columns] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(columns.values())]
+    for line in [list(columns.values()), ["-" * w for w in widths], *cells]:
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))))
 
 
+# --- figures ---------------------------------------------------------------------------------------------
+
+
 def figure_axes(rows: int, cols: int, size: tuple[float, float]):
-    """A matplotlib figure (Agg) with a grid of axes."""
+    """A matplotlib figure (Agg) with a grid of axes: (figure, axes[row][col])."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -341,23 +341,19 @@ def figure_axes(rows: int, cols: int, size: tuple[float, float]):
     return plt.subplots(rows, cols, figsize=size, squeeze=False)
 
 
-def save_figure(fig, path: Path, caption: str) -> None:
+def save_figure(fig, path: Path, result: dict, prefix: str = "") -> None:
+    """Save a figure under a caption that says what ran on which machine, and how busy it was."""
     import matplotlib.pyplot as plt
 
-    fig.suptitle(caption, fontsize=8)
+    m = result["machine"]
+    other = m.get("other_processes_cpu_share")
+    other = "?" if other is None else f"{other:.0%}"
+    caption = f"{result['model']}; {m['cpu']}, {m['torch_threads']} torch threads; other processes used {other}"
+    fig.suptitle(f"{prefix}{caption} of the CPU", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def caption(result: dict) -> str:
-    m = result["machine"]
-    other = m.get("other_processes_cpu_share")
-    return (
-        f"{result['model']}; {m['cpu']}, {m['torch_threads']} torch threads; other processes used "
-        f"{'?' if other is None else f'{other:.0%}'} of the CPU"
-    )
 
 
 # --- the chapter workloads: a checkpoint's public `LLM.generate`, in this process ----------------------------
@@ -374,27 +370,24 @@ def timed_generate(module, llm, prompts: list[list[int]], max_tokens: int | list
     return elapsed, outputs
 
 
+def timed_passes(calls: dict, repeats: int, label: str) -> tuple[dict, dict]:
+    """Every call of `calls` (key -> a function that returns (seconds, outputs), like `timed_generate`) in
+    `repeats` whole passes, the calls interleaved: a burst of other work spoils one pass, not one call, and the
+    fastest of each call's runs discards it. Returns (key -> the seconds of each pass, key -> the last outputs)."""
+    times, outputs = {key: [] for key in calls}, {}
+    for repeat in range(repeats):
+        print(f"{label}: pass {repeat + 1} of {repeats}", flush=True)
+        for key, call in calls.items():
+            seconds, outputs[key] = call()
+            times[key].append(seconds)
+    return times, outputs
+
+
+def dtype_of(llm) -> str:
+    """The dtype of a checkpoint's `LLM`'s weights: "float32", ..."""
+    return str(next(llm.model.parameters()).dtype).removeprefix("torch.")
+
+
 def checkpoint_record(name: str, module, llm) -> dict:
     """Which checkpoint a chapter workload measured, and in which dtype."""
-    dtype = str(next(llm.model.parameters()).dtype).removeprefix("torch.")
-    return {"checkpoint": name, "chapter": module.__chapter__, "dtype": dtype}
-
-
-def chapter_run(args, workload: str, measure, json_name: str, figure_name: str, plot) -> dict:
-    """A chapter workload: `measure(settings)` in this process, then the result file and figure."""
-    started = time.perf_counter()
-    machine = describe_machine("cpu", args.threads)
-    with OtherLoad() as other:
-        result = measure()
-    result = stamp(workload, args, machine, result.pop("settings")) | result
-    json_path, figure = output_paths(args, json_name, figure_name)
-    return finish(
-        result | {"correct": result.get("correct", True)},
-        other,
-        started,
-        json_path,
-        [figure],
-        lambda r: plot(r, figure),
-        lambda r: None,
-        f"{workload}: the engines' tokens disagree",
-    )
+    return {"checkpoint": name, "chapter": module.__chapter__, "dtype": dtype_of(llm)}

@@ -9,6 +9,8 @@ request is a workload of one); rosellm and transformers keep the fastest of `--r
     python -m benchmarks latency-cpu [--peers vllm,llamacpp] [--quick]
 """
 
+from functools import partial
+
 import chapters
 
 from . import harness, offline_cpu
@@ -19,37 +21,37 @@ CHAPTER = 7  # measures chapter 07's step engine (`LLMEngine`)
 
 FULL = {"prompt_len": 128, "max_tokens": 256, "repeats": 3, "seed": 0, "check_tokens": 16}
 QUICK = {"prompt_len": 16, "max_tokens": 12, "repeats": 1, "check_tokens": 4}
+COLUMNS = {"label": "engine", "decode_tokens_per_s": "decode tok/s", "rosellm_ratio": "rosellm is x"}
+COLUMNS |= {"ttft_ms": "TTFT ms", "share_of_bandwidth_roofline": "bandwidth roofline", "check_passed": "check"}
+COLUMNS |= {"error": "error"}
 
 
 def add_arguments(parser) -> None:
-    harness.add_arguments(parser, FULL)
-    parser.add_argument("--engines", default="rosellm,hf-generate", help="rosellm, hf-generate")
-    parser.add_argument("--peers", default="", help="also run these peers: vllm, llamacpp")
+    offline_cpu.add_arguments(parser, engines="rosellm,hf-generate")
 
 
-def run(args) -> dict:
-    s = harness.settings(args, FULL, QUICK)
+def run(args, s: dict) -> dict:
     n, p = s["max_tokens"], s["prompt_len"]
     one = offline_cpu.FULL | {"requests": 1, "prompt_len": [p, p], "max_tokens": [n, n], "static_batch": 1}
     one |= {"max_num_seqs": 1, "max_batch_tokens": max(p, 256), "check_requests": 1, "sweep": [0]}
     one |= {"profile_requests": 0, "check_tokens": s["check_tokens"], "seed": s["seed"], "repeats": s["repeats"]}
     return offline_cpu.run_workload(
-        args, one, NAME, "latency_cpu", plot, report, lambda r: at_batch_1(r, s, args.model)
+        args, one, NAME, "latency_cpu", plot, report, partial(at_batch_1, s=s, model=args.model)
     )
 
 
-def at_batch_1(result: dict, s: dict, model: str | None) -> dict:
+def at_batch_1(body: dict, s: dict, model: str | None) -> dict:
     """offline-cpu's rows of one request, read as decode speed: decode tokens/s = (tokens - 1) / (last token's
     time - first token's), the first being the prefill's; TTFT is its time."""
-    roof, n = result["roofline"], s["max_tokens"]
-    for e in result["engines"]:
-        rosellm = f"rosellm (ch{chapters.latest().number:02d})"
-        e["label"] = {"rosellm": rosellm, "hf-generate": "transformers generate"}.get(e["engine"], e["label"])
+    roof, n = body["roofline"], s["max_tokens"]
+    labels = {"rosellm": f"rosellm (ch{chapters.latest().number:02d})", "hf-generate": "transformers generate"}
+    for e in body["engines"]:
+        e["label"] = labels.get(e["engine"], e["label"])
         if "error" not in e:
             e["ttft_ms"], e["tpot_ms"] = e["ttft_ms"]["median"], e["tpot_ms"]["median"]
             e["decode_tokens_per_s"] = round(1000 / e["tpot_ms"], 2)
             e["share_of_bandwidth_roofline"] = round(e["decode_tokens_per_s"] / roof["bandwidth_tokens_per_s"], 4)
-    by = {e["engine"]: e for e in result["engines"] if "error" not in e}
+    by = {e["engine"]: e for e in body["engines"] if "error" not in e}
     for e in by.values():
         if "rosellm" in by:
             e["rosellm_ratio"] = round(by["rosellm"]["decode_tokens_per_s"] / e["decode_tokens_per_s"], 2)
@@ -57,31 +59,18 @@ def at_batch_1(result: dict, s: dict, model: str | None) -> dict:
         by["rosellm"]["decode_ratio_vs_transformers"] = by["hf-generate"]["rosellm_ratio"]
     config = harness.model_config(model)
     kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
-    identical = result["agreement"].get("rosellm vs hf-generate", {}).get("identical_requests") == 1
+    identical = body["agreement"].get("rosellm vs hf-generate", {}).get("identical_requests") == 1
     notes = [
         "bandwidth roofline = measured copy bandwidth / (4 bytes x (non-embedding weights + LM head)); the KV "
         "cache read at each step (kv_cache_bytes_at_end at the last) comes on top."
     ]
-    return result | {
-        "settings": result["settings"] | s,
-        "kv_cache_bytes_at_end": kv_bytes * (s["prompt_len"] + n),
-        "all_tokens_identical": identical,
-        "notes": notes,
-    }
+    extra = dict(kv_cache_bytes_at_end=kv_bytes * (s["prompt_len"] + n), all_tokens_identical=identical, notes=notes)
+    return body | {"settings": body["settings"] | s} | extra
 
 
 def report(result: dict) -> None:
     print(f"\nlatency-cpu: bandwidth roofline {result['roofline']['bandwidth_tokens_per_s']:.0f} tokens/s")
-    columns = [
-        ("label", "engine"),
-        ("decode_tokens_per_s", "decode tok/s"),
-        ("rosellm_ratio", "rosellm is x"),
-        ("ttft_ms", "TTFT ms"),
-        ("share_of_bandwidth_roofline", "bandwidth roofline"),
-        ("check_passed", "check"),
-        ("error", "error"),
-    ]
-    harness.print_table(result["engines"], columns)
+    harness.print_table(result["engines"], COLUMNS)
 
 
 def plot(result: dict, path) -> None:
@@ -93,4 +82,4 @@ def plot(result: dict, path) -> None:
     ax.bar_label(ax.bar(names, values, color=colors, edgecolor="black"), [f"{v:.0f}" for v in values], fontsize=8)
     ax.set(ylabel="decode tokens/s (batch 1)", title="latency-cpu: decode speed, one request")
     ax.tick_params(axis="x", labelsize=7)
-    harness.save_figure(fig, path, harness.caption(result))
+    harness.save_figure(fig, path, result)

@@ -22,13 +22,8 @@ FULL = {"budgets": ["off", "256", "512"], "decoders": 16, "long_prompt": 1000, "
 QUICK = {"budgets": ["off", "16"], "decoders": 3, "long_prompt": 40, "long_at": [3, 6]}
 
 
-def add_arguments(parser) -> None:
-    harness.add_arguments(parser, FULL)
-
-
-def run(args) -> dict:
-    s = harness.settings(args, FULL, QUICK)
-    return harness.chapter_run(args, NAME, lambda: measure(args, s), "long_prompts", "ch08_long_prompts", plot)
+def run(args, s: dict) -> dict:
+    return harness.save(args, NAME, lambda: measure(args, s), "long_prompts", plot, "ch08_long_prompts")
 
 
 def requests(s: dict, vocab_size: int) -> list[tuple[int, str, list[int], int]]:
@@ -41,8 +36,7 @@ def requests(s: dict, vocab_size: int) -> list[tuple[int, str, list[int], int]]:
     lasting = max(s["long_at"]) + 20
     decoders = [(1, f"d{i}", [token(i, j) for j in range(64)], lasting) for i in range(s["decoders"])]
     longs = [
-        (step, f"long{k}", [token(100 + k, j) for j in range(s["long_prompt"])], 8)
-        for k, step in enumerate(s["long_at"])
+        (at, f"long{k}", [token(100 + k, j) for j in range(s["long_prompt"])], 8) for k, at in enumerate(s["long_at"])
     ]
     return decoders + longs
 
@@ -73,18 +67,12 @@ def serve(engine, package, budget: str, reqs) -> dict:
             token_times.setdefault(output.request_id, []).append(now)
     elapsed = time.perf_counter() - start
     gaps = [b - a for rid, times in token_times.items() if rid.startswith("d") for a, b in zip(times, times[1:])]
-    return {
-        "budget": budget,
-        "decode_tpot_ms": {
-            "p50": round(1000 * harness.percentile(gaps, 50), 1),
-            "p90": round(1000 * harness.percentile(gaps, 90), 1),
-            "max": round(1000 * max(gaps), 1),
-        },
-        "long_ttft_s": [round(token_times[rid][0] - arrived[rid], 3) for rid in arrived if rid.startswith("long")],
-        "output_tokens_per_s": round(sum(len(t) for t in token_times.values()) / elapsed, 1),
-        "seconds": round(elapsed, 2),
-        "steps": steps,
-    }
+    tpot = dict(p50=round(1000 * harness.percentile(gaps, 50), 1), p90=round(1000 * harness.percentile(gaps, 90), 1))
+    tpot["max"] = round(1000 * max(gaps), 1)
+    ttft = [round(token_times[rid][0] - arrived[rid], 3) for rid in arrived if rid.startswith("long")]
+    out = dict(budget=budget, decode_tpot_ms=tpot, long_ttft_s=ttft)
+    out |= dict(output_tokens_per_s=round(sum(len(t) for t in token_times.values()) / elapsed, 1))
+    return out | dict(seconds=round(elapsed, 2), steps=steps)
 
 
 def measure(args, s: dict) -> dict:
@@ -97,26 +85,22 @@ def measure(args, s: dict) -> dict:
         del engine
     print(f"{'budget':>7} {'TPOT p50':>9} {'p90':>7} {'max':>7}  {'long TTFT s':<22} {'tok/s':>6}")
     for r in runs:
-        tpot = r["decode_tpot_ms"]
+        tpot, ttft = r["decode_tpot_ms"], ", ".join(f"{t:.2f}" for t in r["long_ttft_s"])
         print(
-            f"{r['budget']:>7} {tpot['p50']:9.1f} {tpot['p90']:7.1f} {tpot['max']:7.1f}  "
-            f"{', '.join(f'{t:.2f}' for t in r['long_ttft_s']):<22} {r['output_tokens_per_s']:6.1f}"
+            f"{r['budget']:>7} {tpot['p50']:9.1f} {tpot['p90']:7.1f} {tpot['max']:7.1f}  {ttft:<22} "
+            f"{r['output_tokens_per_s']:6.1f}"
         )
     return {"settings": s, "runs": runs}
 
 
 def plot(result: dict, path) -> None:
     """Every step's duration over the run, one line per configuration."""
-    fig, axes = harness.figure_axes(1, 1, (8, 3.6))
-    ax = axes[0][0]
+    fig, ((ax,),) = harness.figure_axes(1, 1, (8, 3.6))
     for r in result["runs"]:
         label = "chunked prefill off" if r["budget"] == "off" else f"chunked, budget {r['budget']}"
         times, ms = [s["t"] for s in r["steps"]], [1000 * s["seconds"] for s in r["steps"]]
         ax.step(times, ms, where="post", label=label, linewidth=1)  # each step drawn over the time it took
-    ax.set(
-        xlabel="time since the first step (s)",
-        ylabel="step duration (ms)",
-        title=f"{result['settings']['decoders']} requests decoding, long prompts arriving: every step",
-    )
+    title = f"{result['settings']['decoders']} requests decoding, long prompts arriving: every step"
+    ax.set(xlabel="time since the first step (s)", ylabel="step duration (ms)", title=title)
     ax.legend(fontsize=8)
-    harness.save_figure(fig, path, harness.caption(result))
+    harness.save_figure(fig, path, result)

@@ -8,12 +8,12 @@ count as useful output), transformers' continuous batching and, with `--peers vl
 and llama.cpp (see `benchmarks.peers`). Each engine runs in a process of its own; transformers' greedy
 tokens for a sample of requests, one request at a time, are the reference every engine is checked against
 (a peer before it is timed). The machine's GEMM rate and memory bandwidth are measured before and after.
+latency-cpu and offline-gpu run through the same engines and table.
 
     python -m benchmarks offline-cpu [--peers vllm,llamacpp] [--quick]
 """
 
 import math
-import time
 
 import chapters
 
@@ -47,89 +47,77 @@ NOTES = [
     "Peers: each in its own virtual environment on fp32 weights made from the same GGUF, checked against "
     "transformers' greedy tokens before it is timed; version, settings and load time in 'engines'.",
 ]
+COLUMNS = {"label": "engine", "output_tokens_per_s": "output tok/s", "rosellm_ratio": "rosellm is x"}
+COLUMNS |= {"share_of_roofline_output": "roofline share", "peak_rss_run_mib": "peak RSS MiB"}
+COLUMNS |= {"check_passed": "check", "error": "error"}
+TARGETS = [  # (engine, target, factor): met when rosellm's output tokens/s >= factor x the engine's
+    ("hf-generate", "4x transformers generate", 4),
+    ("hf-continuous", "beats transformers continuous batching", 1),
+    ("vllm", "beats vLLM (CPU build)", 1),
+]
 
 
 def add_arguments(parser, engines: str = ",".join(ENGINES)) -> None:
-    harness.add_arguments(parser, FULL)
     parser.add_argument("--engines", default=engines, help=f"of {', '.join(ENGINES)}")
     parser.add_argument("--peers", default="", help=f"also run these peers: {', '.join(peers.PEERS)}")
 
 
-def run(args) -> dict:
-    return run_workload(args, harness.settings(args, FULL, QUICK), NAME, "offline_cpu", plot, report)
+def run(args, s: dict) -> dict:
+    return run_workload(args, s, NAME, "offline_cpu", plot, report)
 
 
-def run_workload(args, s: dict, workload: str, name: str, draw, show, finish=lambda result: result, **device):
-    """Install the peers, measure, and write the result and its figures (offline-cpu, latency-cpu, offline-gpu)."""
+def run_workload(args, s: dict, workload: str, name: str, draw, show, finish=lambda body: body, **device) -> dict:
+    """Install the peers, measure, and write the result and its figures (offline-cpu, latency-cpu, offline-gpu);
+    `finish` turns the measured body into the workload's, `device` is offline-gpu's device, dtype and rates."""
     engines, chosen = [e for e in args.engines.split(",") if e], peers.named(args.peers)
     if set(engines) - set(ENGINES):
         raise SystemExit(f"unknown engines {sorted(set(engines) - set(ENGINES))}; choose from {', '.join(ENGINES)}")
     for peer in chosen:
         peers.install(peer)
+
+    def measure_all() -> dict:
+        return finish(measure(args, s, engines, chosen, **device))
+
+    result = harness.measured(args, workload, measure_all, device.get("device", "cpu"))
     json_path, figure = harness.output_paths(args, name)
-    sweep_figure = figure.with_name(figure.stem + "_batch_sweep.png")
-    started = time.perf_counter()
-    with harness.OtherLoad() as other:
-        result = finish(measure(args, s, engines, chosen, workload, **device))
-    figures = [figure] + ([sweep_figure] if result.get("decode_sweep") else [])
+    figures = [figure] + ([figure.with_name(figure.stem + "_batch_sweep.png")] if result["decode_sweep"] else [])
     wrong = "rosellm's greedy tokens differ from transformers' (see 'check')"
-    return harness.finish(result, other, started, json_path, figures, lambda r: draw(r, *figures), show, wrong)
+    return harness.write(result, json_path, figures, draw, show, wrong)
 
 
 def kv_blocks(requests: list, block_size: int) -> int:
     return sum(math.ceil((len(p) + m) / block_size) for p, m in requests)
 
 
-def measure(args, s, engines, chosen, workload, device="cpu", dtype="float32", rates=None) -> dict:
-    """Every engine on the same requests; offline-gpu passes its own device, dtype and rates."""
+def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="float32", rates=None) -> dict:
+    """Every engine on the same requests, the machine's rates measured before and after."""
     rates = rates or (lambda: harness.measure_rates(args.quick))
-    machine, before = harness.describe_machine(device, args.threads), rates()
-    config = harness.model_config(args.model)
-    params = harness.parameter_counts(config)
-    requests = harness.random_requests(s["requests"], s["prompt_len"], s["max_tokens"], config.vocab_size, s["seed"])
-    warmup = harness.random_requests(2, [8, 16], [4, 4], config.vocab_size, s["seed"] + 1000)
-    sweep = [b for b in s["sweep"] if b > 0]
-    longest = max(len(p) + m for p, m in requests)
+    before, config = rates(), harness.model_config(args.model)
+    params, vocab = harness.parameter_counts(config), config.vocab_size
+    requests = harness.random_requests(s["requests"], s["prompt_len"], s["max_tokens"], vocab, s["seed"])
+    warmup = harness.random_requests(2, [8, 16], [4, 4], vocab, s["seed"] + 1000)
+    sweep, longest = [b for b in s["sweep"] if b > 0], max(len(p) + m for p, m in requests)
     # a KV pool that holds every request at once (then the sweep's largest batch): throughput, not preemption
     b = max(sweep + [0])
-    room = max(
-        kv_blocks(requests, 16) + s["max_num_seqs"],
-        b * math.ceil((s["sweep_prompt_len"] + 2 * s["sweep_steps"] + b + 2) / 16),
-    )
-    common = dict(
-        model=args.model,
-        threads=args.threads,
-        requests=requests,
-        warmup=warmup,
-        device=device,
-        dtype=dtype,
-        repeats=s["repeats"],
-    )
+    sweep_blocks = b * math.ceil((s["sweep_prompt_len"] + 2 * s["sweep_steps"] + b + 2) / 16)
+    options = dict(max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_batch_tokens"], block_size=16)
+    options |= dict(num_kv_blocks=max(kv_blocks(requests, 16) + s["max_num_seqs"], sweep_blocks))
+    options |= dict(max_model_len=longest + 1)
+    common = dict(model=args.model, threads=args.threads, requests=requests, warmup=warmup)
+    common |= dict(device=device, dtype=dtype, repeats=s["repeats"])
     sample = list(range(min(s["check_requests"], len(requests))))
     hf = dict(batch_size=s["static_batch"], reference_sample=sample, reference_tokens=s["check_tokens"])
     hf["reference_only"] = "hf-generate" not in engines  # the reference is always made
     runs = {"hf-generate": harness.run_engine("hf-generate", common | hf, ENGINES["hf-generate"])}
     reference = runs["hf-generate"].get("reference", {})
-    options = dict(
-        max_num_seqs=s["max_num_seqs"],
-        max_num_batched_tokens=s["max_batch_tokens"],
-        block_size=16,
-        num_kv_blocks=room,
-        max_model_len=longest + 1,
-    )
     if "rosellm" in engines:
         extra = dict(engine_options=options, profile_requests=requests[: s["profile_requests"]])
         extra["sweep"] = sweep and dict(batch_sizes=sweep, prompt_len=s["sweep_prompt_len"], steps=s["sweep_steps"])
         runs["rosellm"] = harness.run_engine("rosellm", common | extra, ENGINES["rosellm"])
     if "hf-continuous" in engines:
         page = 16 if args.quick else 256
-        cb = dict(
-            page_size=page,
-            num_blocks=kv_blocks(requests, page) + s["max_num_seqs"],
-            allow_block_sharing=False,
-            max_batch_tokens=s["max_batch_tokens"],
-            max_requests_per_batch=s["max_num_seqs"],
-        )
+        cb = dict(page_size=page, num_blocks=kv_blocks(requests, page) + s["max_num_seqs"], allow_block_sharing=False)
+        cb |= dict(max_batch_tokens=s["max_batch_tokens"], max_requests_per_batch=s["max_num_seqs"])
         runs["hf-continuous"] = harness.run_engine(
             "hf-continuous", common | {"cb_options": cb}, ENGINES["hf-continuous"]
         )
@@ -146,16 +134,11 @@ def measure(args, s, engines, chosen, workload, device="cpu", dtype="float32", r
     for point in ours.get("decode_sweep") or []:
         point["share_of_roofline"] = round(point["tokens_per_s"] / roof["compute_tokens_per_s"], 4)
     same = {f"rosellm vs {n}": same_tokens(ours, r) for n, r in runs.items() if n != "rosellm" and same_tokens(ours, r)}
-    head = harness.stamp(
-        workload,
-        args,
-        machine,
-        s | dict(engines=engines, peers=[p.name for p in chosen], rosellm_engine_options=options, threads=args.threads),
-    )
-    out = dict(dtype=dtype, parameters=params, work=work, roofline=roof, engines=rows, agreement=same, notes=NOTES)
-    out |= dict(check={row["engine"]: row["check"] for row in rows if "check" in row}, targets=targets_met(rows))
-    out |= dict(decode_sweep=ours.get("decode_sweep") or [], profile=ours.get("profile"))
-    return head | out | {"correct": "rosellm" not in runs or bool(out["check"].get("rosellm", {}).get("passed"))}
+    named = dict(engines=engines, peers=[p.name for p in chosen], rosellm_engine_options=options, threads=args.threads)
+    out = dict(settings=s | named, dtype=dtype, parameters=params, work=work, roofline=roof, engines=rows)
+    out |= dict(agreement=same, notes=NOTES, check={row["engine"]: row["check"] for row in rows if "check" in row})
+    out |= dict(targets=targets_met(rows), decode_sweep=ours.get("decode_sweep") or [], profile=ours.get("profile"))
+    return out | {"correct": "rosellm" not in runs or bool(out["check"].get("rosellm", {}).get("passed"))}
 
 
 def same_tokens(a: dict, b: dict) -> dict | None:
@@ -215,19 +198,13 @@ def summarize(runs: dict, requests: list, work: dict, roof: dict, reference: dic
 
 
 def targets_met(rows: list[dict]) -> dict:
+    """DESIGN §6's targets for rosellm: 60 % of the roofline, 4x transformers generate, faster than the rest."""
     tps = {row["engine"]: row["output_tokens_per_s"] for row in rows if "error" not in row}
-    if "rosellm" not in tps:
+    ours = next((row for row in rows if row["engine"] == "rosellm" and "error" not in row), None)
+    if ours is None:
         return {}
-    ours = next(row for row in rows if row["engine"] == "rosellm")
-    met = {
-        "share_of_roofline_output >= 0.6": ours["share_of_roofline_output"] >= 0.6,
-        "share_of_roofline_work >= 0.6": ours["share_of_roofline_work"] >= 0.6,
-    }
-    for name, target, factor in (
-        ("hf-generate", "4x transformers generate", 4),
-        ("hf-continuous", "beats transformers continuous batching", 1),
-        ("vllm", "beats vLLM (CPU build)", 1),
-    ):
+    met = {f"{key} >= 0.6": ours[key] >= 0.6 for key in ("share_of_roofline_output", "share_of_roofline_work")}
+    for name, target, factor in TARGETS:
         if name in tps:
             met[target] = tps["rosellm"] >= factor * tps[name]
     return met
@@ -235,54 +212,32 @@ def targets_met(rows: list[dict]) -> dict:
 
 def report(result: dict) -> None:
     print(f"\n{result['workload']}: compute roofline {result['roofline']['compute_tokens_per_s']:.0f} tokens/s")
-    columns = [
-        ("label", "engine"),
-        ("output_tokens_per_s", "output tok/s"),
-        ("rosellm_ratio", "rosellm is x"),
-        ("share_of_roofline_output", "roofline share"),
-        ("peak_rss_run_mib", "peak RSS MiB"),
-        ("check_passed", "check"),
-        ("error", "error"),
-    ]
-    harness.print_table(result["engines"], columns)
+    harness.print_table(result["engines"], COLUMNS)
     for name, met in result["targets"].items():
         print(f"target {name}: {'met' if met else 'NOT met'}")
 
 
 def plot(result: dict, path, sweep_path=None) -> None:
     """Each engine's throughput (`path`); the decode sweep's share of the roofline (`sweep_path`)."""
-    rows = [r for r in result["engines"] if "error" not in r]
+    rows, roofline = [r for r in result["engines"] if "error" not in r], result["roofline"]["compute_tokens_per_s"]
     fig, ((ax,),) = harness.figure_axes(1, 1, (9, 4.4))
-    bars = ax.bar(
-        [r["label"].replace(" (", "\n(") for r in rows],
-        [r["output_tokens_per_s"] for r in rows],
-        color=["tab:red" if r["engine"] == "rosellm" else "tab:gray" for r in rows],
-    )
-    ax.bar_label(
-        bars,
-        [f"{r['output_tokens_per_s']:.1f} tok/s\n{r['share_of_roofline_output']:.0%} of roofline" for r in rows],
-        fontsize=8,
-    )
-    ax.set(
-        ylabel="useful output tokens/s",
-        ylim=(0, max([r["output_tokens_per_s"] for r in rows] + [1]) * 1.3),
-        title=f"{result['workload']}: throughput (roofline {result['roofline']['compute_tokens_per_s']:.0f} tok/s)",
-    )
+    names, speeds = [r["label"].replace(" (", "\n(") for r in rows], [r["output_tokens_per_s"] for r in rows]
+    bars = ax.bar(names, speeds, color=["tab:red" if r["engine"] == "rosellm" else "tab:gray" for r in rows])
+    labels = [f"{r['output_tokens_per_s']:.1f} tok/s\n{r['share_of_roofline_output']:.0%} of roofline" for r in rows]
+    ax.bar_label(bars, labels, fontsize=8)
+    title = f"{result['workload']}: throughput (roofline {roofline:.0f} tok/s)"
+    ax.set(ylabel="useful output tokens/s", ylim=(0, max(speeds + [1]) * 1.3), title=title)
     ax.tick_params(axis="x", labelsize=7)
-    harness.save_figure(fig, path, harness.caption(result))
+    harness.save_figure(fig, path, result)
     if sweep_path:
-        sweep = result["decode_sweep"]
+        sizes = [p["batch_size"] for p in result["decode_sweep"]]
         fig, ((ax,),) = harness.figure_axes(1, 1, (7, 4.2))
-        sizes = [p["batch_size"] for p in sweep]
-        ax.plot(sizes, [100 * p["share_of_roofline"] for p in sweep], "o-", color="tab:red", label="rosellm decode")
+        shares = [100 * p["share_of_roofline"] for p in result["decode_sweep"]]
+        ax.plot(sizes, shares, "o-", color="tab:red", label="rosellm decode")
         ax.axhline(60, ls="--", color="gray", label="60%")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(b) for b in sizes])
-        ax.set(
-            xlabel="sequences decoding together (batch size)",
-            ylabel="% of the compute roofline",
-            ylim=(0, 100),
-            title="decode: share of the GEMM roofline against batch size",
-        )
+        ax.set(xlabel="sequences decoding together (batch size)", ylabel="% of the compute roofline", ylim=(0, 100))
+        ax.set_title("decode: share of the GEMM roofline against batch size")
         ax.legend(fontsize=8)
-        harness.save_figure(fig, sweep_path, harness.caption(result))
+        harness.save_figure(fig, sweep_path, result)

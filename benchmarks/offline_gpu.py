@@ -11,6 +11,7 @@ The engines and the report are offline-cpu's. Without a CUDA device it says so a
 
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from . import harness, offline_cpu
@@ -29,7 +30,6 @@ SHAPE |= {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings"
 
 
 def add_arguments(parser) -> None:
-    harness.add_arguments(parser, FULL)
     parser.add_argument("--engines", default=",".join(offline_cpu.ENGINES))
     parser.set_defaults(peers="")  # the peers are CPU builds
 
@@ -45,13 +45,12 @@ def write_random_model(folder: Path, shape: dict) -> str:
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
     tokenizer = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(shape["vocab_size"])}, unk_token="<0>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="<0>", bos_token="<1>", eos_token="<2>", pad_token="<0>"
-    ).save_pretrained(folder)
+    special = dict(unk_token="<0>", bos_token="<1>", eos_token="<2>", pad_token="<0>")
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special).save_pretrained(folder)
     return str(folder)
 
 
-def run(args) -> dict | None:
+def run(args, s: dict) -> dict | None:
     import torch
 
     if not torch.cuda.is_available():
@@ -61,24 +60,13 @@ def run(args) -> dict | None:
             file=sys.stderr,
         )
         return None
-    s = harness.settings(args, FULL, QUICK)
     random = args.model is None
     with tempfile.TemporaryDirectory(prefix="rosellm-gpu-model-") as tmp:
         if random:
-            args.model = write_random_model(
-                Path(tmp), SHAPE | ({"num_hidden_layers": 2, "vocab_size": 4096} if args.quick else {})
-            )
-        rates = lambda: harness.measure_rates(args.quick, "cuda", "bfloat16", 2048 if args.quick else 8192, 1024)  # noqa: E731
-        name = lambda r: r | ({"model": "random Llama with Qwen3-0.6B's shape (bf16)"} if random else {})  # noqa: E731
-        return offline_cpu.run_workload(
-            args,
-            s,
-            NAME,
-            "offline_gpu",
-            offline_cpu.plot,
-            offline_cpu.report,
-            name,
-            device="cuda",
-            dtype="bfloat16",
-            rates=rates,
-        )
+            shape = SHAPE | ({"num_hidden_layers": 2, "vocab_size": 4096} if args.quick else {})
+            args.model = write_random_model(Path(tmp), shape)
+        rates = partial(harness.measure_rates, args.quick, "cuda", "bfloat16", 2048 if args.quick else 8192, 1024)
+        named = {"model": "random Llama with Qwen3-0.6B's shape (bf16)"} if random else {}
+        draw, show = offline_cpu.plot, offline_cpu.report
+        gpu = dict(device="cuda", dtype="bfloat16", rates=rates)
+        return offline_cpu.run_workload(args, s, NAME, "offline_gpu", draw, show, lambda body: body | named, **gpu)

@@ -1,25 +1,19 @@
-"""paged-vs-padded: chapter 05's paged KV pool against chapter 03's padded, per-request caches.
+"""paged-vs-padded: chapter 05's paged KV pool against chapter 03's padded, per-request caches, through the
+checkpoints' public API only (one step at a time, see `steppers`):
 
-Three measurements on SmolLM2-135M (fp32, CPU), through the checkpoints' public API only (one step at a time,
-see `steppers`), in one run:
-
-(a) KV memory use. The mixed batch (16 random prompts of lengths uniform in [16, 512], 64 greedy tokens each,
-    EOS ignored) runs through both checkpoints. After every step (but the last, when every block is already
-    back) we count the live KV slots (the sum of the tokens each sequence has stored) and what holds them:
-    for chapter 03 the merged tensor padded to the longest row and the contiguous per-request caches sized for
-    prompt + max_tokens, for chapter 05 the blocks in use (from its block manager) and the copy its PyTorch
-    attention gathers (every sequence's blocks up to the longest).
-(b) Throughput. The same requests (32 random prompts, lengths uniform in [16, 128], max_tokens uniform in
-    [8, 32]) through both checkpoints at max_batch_size 8 and 32, interleaved, the fastest of `--repeats` runs
-    kept: useful output tokens per second of wall time, prefill included.
-(c) Requests per KV budget. How many of (a)'s requests fit at once into 256 MiB of KV memory: computed for
-    contiguous caches sized for max_model_len or for prompt + max_tokens and for blocks of 16 reserving
-    prompt + max_tokens (chapter 05's rule), then measured by running chapter 05 with that budget.
+(a) KV memory use: a mixed batch (16 random prompts of 16-512 tokens, 64 greedy tokens each, EOS ignored); after
+    every step but the last, the live KV slots against chapter 03's merged cache padded to the longest row and
+    its contiguous caches sized for prompt + max_tokens, and chapter 05's blocks in use.
+(b) Throughput: 32 random prompts (16-128 tokens, 8-32 new tokens) at max_batch_size 8 and 32, interleaved,
+    the fastest of `--repeats` runs: useful output tokens per second, prefill included.
+(c) Requests per KV budget: how many of (a)'s requests fit at once in 256 MiB, computed for contiguous caches
+    and for blocks of 16 reserving prompt + max_tokens (chapter 05's rule), then measured on chapter 05.
 
     python -m benchmarks paged-vs-padded --threads 1
 """
 
 import statistics
+from functools import partial
 
 import chapters
 
@@ -39,24 +33,35 @@ QUICK |= {"mixed_max_tokens": 4, "batches": [2], "throughput_requests": 3, "thro
 QUICK |= {"throughput_max_tokens": [2, 4], "repeats": 1}
 
 
-def add_arguments(parser) -> None:
-    harness.add_arguments(parser, FULL)
+def run(args, s: dict) -> dict:
+    return harness.save(args, NAME, lambda: measure(args, s), "paged_vs_padded", plot)
 
 
-def run(args) -> dict:
-    s = harness.settings(args, FULL, QUICK)
-    return harness.chapter_run(args, NAME, lambda: measure(args, s), "paged_vs_padded", "paged_vs_padded", plot)
+def measure(args, s: dict) -> dict:
+    ch03, ch05 = chapters.checkpoint(3).load(), chapters.checkpoint(5).load()
 
+    def make(module, batch: int, **extra):
+        paged = {"block_size": s["block_size"]} if module is ch05 else {}
+        return module.LLM(args.model, max_model_len=s["max_model_len"], max_batch_size=batch, **paged, **extra)
 
-def share(steps: list[dict], allocated: str) -> dict:
-    shares = [step["live"] / step[allocated] for step in steps]
-    return {
-        "mean_share_over_steps": round(statistics.fmean(shares), 4),
-        "min_share": round(min(shares), 4),
-        "share_of_summed_slots": round(sum(s["live"] for s in steps) / sum(s[allocated] for s in steps), 4),
-        "peak_allocated_slots": max(step[allocated] for step in steps),
-        "per_step_share": [round(x, 4) for x in shares],
+    mixed_tokens, vocab = [s["mixed_max_tokens"]] * 2, make(ch05, 1).tokenizer.vocab_size
+    mixed = harness.random_requests(s["mixed_prompts"], s["mixed_lengths"], mixed_tokens, vocab, s["seed"])
+    print(f"(a) KV memory use: {len(mixed)} prompts, {s['mixed_max_tokens']} tokens each", flush=True)
+    steps03, tokens03 = kv_use(OfflineStepper(ch03, make(ch03, len(mixed))), mixed, s["block_size"])
+    steps05, tokens05 = kv_use(OfflineStepper(ch05, make(ch05, len(mixed))), mixed, s["block_size"])
+    kv = dict(prompts=len(mixed), prompt_lens=[len(p) for p, _ in mixed], max_tokens=s["mixed_max_tokens"])
+    kv["ch03"] = dict(steps=len(steps03), padded_merged_cache=share(steps03, "padded"))
+    kv["ch03"]["contiguous_caches"] = share(steps03, "contiguous")
+    kv["ch05"] = dict(steps=len(steps05), block_size=s["block_size"], pool_blocks_in_use=share(steps05, "pool"))
+    kv["ch05"]["reference_attention_gather"] = share(steps05, "gathered")
+    kv["same_tokens"] = f"{sum(tokens03[k] == tokens05[k] for k in tokens03)}/{len(mixed)}"
+    llms = {
+        (name, b): (module, make(module, b)) for b in s["batches"] for name, module in (("ch03", ch03), ("ch05", ch05))
     }
+    out = dict(settings=s | {"threads": args.threads}, checkpoints=[chapters.checkpoint(n).module for n in (3, 5)])
+    out |= dict(dtype=harness.dtype_of(next(iter(llms.values()))[1]), kv_use=kv, throughput=throughput(s, llms, vocab))
+    budget_llm = make(ch05, len(mixed), kv_cache_memory=s["budget_mib"] << 20)
+    return out | {"budget": budget(s, ch05, budget_llm, mixed)}
 
 
 def kv_use(stepper, requests: list, block_size: int) -> tuple[list[dict], dict]:
@@ -78,36 +83,14 @@ def kv_use(stepper, requests: list, block_size: int) -> tuple[list[dict], dict]:
     return steps, tokens
 
 
-def measure(args, s: dict) -> dict:
-    ch03, ch05 = chapters.checkpoint(3).load(), chapters.checkpoint(5).load()
-
-    def make(module, batch, **extra):
-        paged = {"block_size": s["block_size"]} if module is ch05 else {}
-        return module.LLM(args.model, max_model_len=s["max_model_len"], max_batch_size=batch, **paged, **extra)
-
-    vocab = make(ch05, 1).tokenizer.vocab_size
-    lengths = [s["mixed_max_tokens"]] * 2
-    mixed = harness.random_requests(s["mixed_prompts"], s["mixed_lengths"], lengths, vocab, s["seed"])
-    print(f"(a) KV memory use: {len(mixed)} prompts, {s['mixed_max_tokens']} tokens each", flush=True)
-    steps03, tokens03 = kv_use(OfflineStepper(ch03, make(ch03, len(mixed))), mixed, s["block_size"])
-    steps05, tokens05 = kv_use(OfflineStepper(ch05, make(ch05, len(mixed))), mixed, s["block_size"])
-    kv = dict(prompts=len(mixed), prompt_lens=[len(p) for p, _ in mixed], max_tokens=s["mixed_max_tokens"])
-    kv["ch03"] = dict(steps=len(steps03), padded_merged_cache=share(steps03, "padded"))
-    kv["ch03"]["contiguous_caches"] = share(steps03, "contiguous")
-    kv["ch05"] = dict(steps=len(steps05), block_size=s["block_size"], pool_blocks_in_use=share(steps05, "pool"))
-    kv["ch05"]["reference_attention_gather"] = share(steps05, "gathered")
-    kv["same_tokens"] = f"{sum(tokens03[k] == tokens05[k] for k in tokens03)}/{len(mixed)}"
-    llms = {
-        (name, b): (module, make(module, b)) for b in s["batches"] for name, module in (("ch03", ch03), ("ch05", ch05))
-    }
-    return {
-        "settings": s | {"threads": args.threads},
-        "checkpoints": [chapters.checkpoint(n).module for n in (3, 5)],
-        "dtype": str(next(next(iter(llms.values()))[1].model.parameters()).dtype).removeprefix("torch."),
-        "kv_use": kv,
-        "throughput": throughput(s, llms, vocab),
-        "budget": budget(s, ch05, make(ch05, len(mixed), kv_cache_memory=s["budget_mib"] << 20), mixed),
-    }
+def share(steps: list[dict], allocated: str) -> dict:
+    """How much of what `allocated` holds is live, step by step and over the run."""
+    shares = [step["live"] / step[allocated] for step in steps]
+    out = dict(mean_share_over_steps=round(statistics.fmean(shares), 4), min_share=round(min(shares), 4))
+    out |= dict(share_of_summed_slots=round(sum(s["live"] for s in steps) / sum(s[allocated] for s in steps), 4))
+    return out | dict(
+        peak_allocated_slots=max(s[allocated] for s in steps), per_step_share=[round(x, 4) for x in shares]
+    )
 
 
 def throughput(s: dict, llms: dict, vocab: int) -> dict:
@@ -115,19 +98,17 @@ def throughput(s: dict, llms: dict, vocab: int) -> dict:
     lengths, max_tokens = s["throughput_lengths"], s["throughput_max_tokens"]
     requests = harness.random_requests(s["throughput_requests"], lengths, max_tokens, vocab, s["seed"] + 1)
     prompts, max_tokens = [p for p, _ in requests], [m for _, m in requests]
-    print(f"(b) throughput: {len(prompts)} requests, best of {s['repeats']}", flush=True)
-    times, outputs = {key: [] for key in llms}, {}
-    for _ in range(s["repeats"]):  # interleaved: a burst of other work spoils one run, not one configuration
-        for key, (module, llm) in llms.items():
-            seconds, outputs[key] = harness.timed_generate(module, llm, prompts, max_tokens)
-            times[key].append(seconds)
+    calls = {
+        key: partial(harness.timed_generate, module, llm, prompts, max_tokens) for key, (module, llm) in llms.items()
+    }
+    times, outputs = harness.timed_passes(calls, s["repeats"], f"(b) throughput, {len(prompts)} requests")
     rows = []
     for b in s["batches"]:
         row = {"max_batch_size": b}
         for name in ("ch03", "ch05"):
-            best = min(times[name, b])
+            best, tokens = min(times[name, b]), sum(max_tokens)
             row[name] = dict(best_s=round(best, 2), all_s=[round(t, 2) for t in times[name, b]])
-            row[name]["output_tokens_per_s"] = round(sum(max_tokens) / best, 2)
+            row[name]["output_tokens_per_s"] = round(tokens / best, 2)
         row["ch05_over_ch03"] = round(row["ch05"]["output_tokens_per_s"] / row["ch03"]["output_tokens_per_s"], 3)
         same = sum(a.token_ids == c.token_ids for a, c in zip(outputs["ch03", b], outputs["ch05", b]))
         rows.append(row | {"same_tokens": f"{same}/{len(prompts)}"})
@@ -163,61 +144,32 @@ def budget(s: dict, ch05, llm, mixed: list) -> dict:
 
 
 def plot(result: dict, path) -> None:
-    kv, rows, budget = result["kv_use"], result["throughput"]["rows"], result["budget"]
+    kv, rows, fits = result["kv_use"], result["throughput"]["rows"], result["budget"]
     fig, ((use,), (speed,), (fit,)) = harness.figure_axes(3, 1, (7.5, 12.6))
     for label, part, color in (
         ("ch03: padded merged cache", kv["ch03"]["padded_merged_cache"], "#e6550d"),
         ("ch03: contiguous caches", kv["ch03"]["contiguous_caches"], "#fdae6b"),
         ("ch05: blocks in use × block_size", kv["ch05"]["pool_blocks_in_use"], "#3182bd"),
     ):
-        use.plot(
-            [100 * x for x in part["per_step_share"]],
-            color=color,
-            label=f"{label}: {100 * part['mean_share_over_steps']:.0f} %",
-        )
-    use.set(
-        xlabel="step",
-        ylabel="% of allocated KV slots holding live tokens",
-        ylim=(0, 105),
-        title=f"(a) KV memory use, {kv['prompts']} prompts × {kv['max_tokens']} tokens",
-    )
+        label += f": {100 * part['mean_share_over_steps']:.0f} %"
+        use.plot([100 * x for x in part["per_step_share"]], color=color, label=label)
+    use.set(xlabel="step", ylabel="% of allocated KV slots holding live tokens", ylim=(0, 105))
+    use.set_title(f"(a) KV memory use, {kv['prompts']} prompts × {kv['max_tokens']} tokens")
     use.legend(fontsize=7, loc="lower right")
     for offset, name, color in ((-0.19, "ch03", "#e6550d"), (0.19, "ch05", "#3182bd")):
-        bars = speed.bar(
-            [i + offset for i in range(len(rows))],
-            [r[name]["output_tokens_per_s"] for r in rows],
-            0.38,
-            color=color,
-            label=name,
-        )
+        speeds = [r[name]["output_tokens_per_s"] for r in rows]
+        bars = speed.bar([i + offset for i in range(len(rows))], speeds, 0.38, color=color, label=name)
         speed.bar_label(bars, fmt="%.1f", fontsize=7)
     speed.set_xticks(range(len(rows)), [f"max_batch_size {r['max_batch_size']}" for r in rows])
-    speed.set(
-        ylabel="output tokens / s (best run)", title=f"(b) throughput, {result['throughput']['requests']} requests"
-    )
+    speed.set(ylabel="output tokens / s (best run)")
+    speed.set_title(f"(b) throughput, {result['throughput']['requests']} requests")
     speed.legend(fontsize=7)
-    names = [
-        "contiguous_for_max_model_len",
-        "contiguous_for_prompt_plus_max_tokens",
-        "blocks_reserving_prompt_plus_max_tokens",
-    ]
-    bars = fit.bar(
-        ["contiguous,\nmax_model_len", "contiguous,\nprompt + max_tokens", "blocks, reserving\nprompt + max_tokens"],
-        [budget["computed"][n] for n in names],
-        color=["#fdae6b", "#fdae6b", "#3182bd"],
-    )
-    fit.bar_label(bars, fontsize=8)
-    fit.axhline(
-        budget["measured_peak_running"],
-        color="black",
-        ls="--",
-        lw=1,
-        label=f"ch05 run: peak {budget['measured_peak_running']} running",
-    )
-    fit.set(
-        ylabel="requests admitted at once",
-        ylim=(0, budget["requests_offered"] + 2),
-        title=f"(c) {budget['budget_mib']} MiB of KV: {budget['requests_offered']} requests offered",
-    )
+    counts = list(fits["computed"].values())[:3]  # contiguous for max_model_len, for prompt + max_tokens; blocks
+    names = ["contiguous,\nmax_model_len", "contiguous,\nprompt + max_tokens", "blocks, reserving\nprompt + max_tokens"]
+    fit.bar_label(fit.bar(names, counts, color=["#fdae6b", "#fdae6b", "#3182bd"]), fontsize=8)
+    peak = fits["measured_peak_running"]
+    fit.axhline(peak, color="black", ls="--", lw=1, label=f"ch05 run: peak {peak} running")
+    fit.set(ylabel="requests admitted at once", ylim=(0, fits["requests_offered"] + 2))
+    fit.set_title(f"(c) {fits['budget_mib']} MiB of KV: {fits['requests_offered']} requests offered")
     fit.legend(fontsize=7)
-    harness.save_figure(fig, path, "chapter 03 vs chapter 05: " + harness.caption(result))
+    harness.save_figure(fig, path, result, "chapter 03 vs chapter 05: ")

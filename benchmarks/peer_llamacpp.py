@@ -31,19 +31,8 @@ class Engine:
         self.memory = lc.llama_get_memory(self.context)
         self.batch = lc.llama_batch_init(params.n_batch, 0, 1)
         self.max_tokens, self.max_seqs = params.n_batch, params.n_seq_max
-        self.settings = {
-            key: getattr(params, key)
-            for key in (
-                "n_ctx",
-                "n_batch",
-                "n_ubatch",
-                "n_seq_max",
-                "n_threads",
-                "n_threads_batch",
-                "kv_unified",
-                "flash_attn_type",
-            )
-        }
+        keys = "n_ctx n_batch n_ubatch n_seq_max n_threads n_threads_batch kv_unified flash_attn_type".split()
+        self.settings = {key: getattr(params, key) for key in keys}
         self.settings |= {"kv_cache_type": "f32", "system_info": lc.llama_print_system_info().decode()}
 
     def put(self, n: int, token: int, position: int, seq: int, logits: bool) -> None:

@@ -4,7 +4,8 @@ SPEC (JSON): model (the weights this peer reads), threads, options, requests and
 ids, max_tokens]) and reference: {request index: transformers' greedy tokens}. OUT (JSON): engine, version,
 settings, load_s, check_tokens ({request index: the peer's tokens}) and, only when those equal the reference,
 the timed run: wall_s, first_token_s, last_token_s and tokens per request. Standard library only: the peers'
-environments have neither torch nor rosellm.
+environments have neither torch nor rosellm. `benchmarks.engines` times rosellm and transformers with the same
+`Clock`.
 """
 
 import json

@@ -92,16 +92,14 @@ def environment(peer: Peer, threads: int) -> dict:
     return env
 
 
-def options(peer: Peer, max_num_seqs: int, max_batch_tokens: int, max_model_len: int) -> dict:
-    """The batching limits rosellm runs under, in each peer's own words."""
+def options(peer: Peer, seqs: int, tokens: int, longest: int) -> dict:
+    """The batching limits rosellm runs under (at most `seqs` sequences and `tokens` tokens a step, requests up
+    to `longest` tokens), in each peer's own words; vLLM's memory share on CPU is of the CPU's memory."""
     if peer.name == "vllm":
-        return {
-            "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_batch_tokens,
-            "max_model_len": max_model_len + 1,
-            "gpu_memory_utilization": 0.25,
-        }  # of the CPU memory, on CPU
-    return {"max_num_seqs": max_num_seqs, "max_batch_tokens": max_batch_tokens}
+        return dict(
+            max_num_seqs=seqs, max_num_batched_tokens=tokens, max_model_len=longest + 1, gpu_memory_utilization=0.25
+        )
+    return {"max_num_seqs": seqs, "max_batch_tokens": tokens}
 
 
 def weights(peer: Peer, model: str | None) -> str:
@@ -134,9 +132,8 @@ def write_f32_gguf(source: Path, out: Path) -> None:
         array = field.types[0] == gguf.GGUFValueType.ARRAY
         writer.add_key_value(key, value, field.types[0], sub_type=field.types[-1] if array else None)
     for tensor in reader.tensors:
-        writer.add_tensor(
-            tensor.name, np.ascontiguousarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        )
+        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        writer.add_tensor(tensor.name, np.ascontiguousarray(data, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -148,25 +145,15 @@ def run_peer(peer: Peer, spec: dict, model: str | None) -> dict:
     """Run the peer on `spec` (peer_protocol's SPEC but the weights, made from `model`) and check its greedy
     tokens against the reference: a peer whose tokens differ keeps its `check` but loses its timings."""
     threads = spec.get("threads") or len(os.sched_getaffinity(0))
-    spec = spec | {"threads": threads, "model": weights(peer, model)}
-    result = run_process([str(peer.interpreter), str(peer.script)], spec, peer.label, environment(peer, threads))
+    spec, env = spec | {"threads": threads, "model": weights(peer, model)}, environment(peer, threads)
+    result = run_process([str(peer.interpreter), str(peer.script)], spec, peer.label, env)
     result["check"] = check_against(spec["reference"], result.get("check_tokens") or {})
     if not result["check"]["passed"]:
         kept = ("engine", "version", "settings", "load_s", "check", "other_processes_cpu_share", "process_wall_s")
-        result = {key: result[key] for key in kept if key in result} | {
-            "error": result.get("error") or "greedy tokens differ from transformers': not timed"
-        }
-    return result | {
-        "label": peer.label,
-        "environment": {
-            "python": str(peer.interpreter),
-            **{
-                key: value
-                for key, value in environment(peer, threads).items()
-                if key.startswith("VLLM_") or key == "LD_PRELOAD"
-            },
-        },
-    }
+        error = result.get("error") or "greedy tokens differ from transformers': not timed"
+        result = {key: result[key] for key in kept if key in result} | {"error": error}
+    shown = {key: value for key, value in env.items() if key.startswith("VLLM_") or key == "LD_PRELOAD"}
+    return result | {"label": peer.label, "environment": {"python": str(peer.interpreter), **shown}}
 
 
 if __name__ == "__main__":
