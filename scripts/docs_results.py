@@ -8,6 +8,7 @@ A line of its own in a page
     <!-- measured: batch-throughput FILE.json -->              throughput against batch size
     <!-- measured: arrivals FILE.json -->                      chapter 05 against chapter 07 on arriving requests
     <!-- measured: long-prompts FILE.json -->                  decode latency and long prompts' TTFT, chunking off / on
+    <!-- measured: prefix FILE.json -->                        prompt tokens computed, TTFT, tok/s: caching on / off
     <!-- measured: chapter-row NN -->                          chapter NN's row of the `chapters` workload
 
 is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
@@ -240,6 +241,35 @@ def block_long_prompts(results: Path, name: str) -> str:
     )
 
 
+def block_prefix(results: Path, name: str) -> str:
+    result = load(results, name)
+    s = result["settings"]
+    model = Path(result["model"]).name if "/" in result["model"] else result["model"]
+    scenarios = {
+        "shared": f"{s['requests']} requests: one {s['system']}-token system prompt + a question",
+        "chats": f"{s['chats']} chats × {s['turns']} turns, each resending its history",
+    }
+    rows = [
+        [
+            scenarios[r["scenario"]] if r["caching"] else "″",
+            "on" if r["caching"] else "off",
+            f"{r['computed_prompt_tokens']:,} of {r['prompt_tokens']:,}",
+            f"{100 * r['hit_rate']:.0f} %",
+            f"{r['ttft_s']['median']:.2f} / {r['ttft_s']['p90']:.2f}",
+            f"**{r['output_tokens_per_s']:.1f}**",
+            f"{r['seconds']:.1f}",
+        ]
+        for r in result["runs"]
+    ]
+    headings = ["workload", "caching", "prompt tokens computed", "hit rate", "TTFT median / p90 (s)"]
+    return (
+        table(headings + ["output tokens/s", "seconds"], rows)
+        + "\n"
+        + f"{s['max_tokens']} output tokens per request, greedy; {model}. Greedy tokens equal with caching on "
+        f"and off: {'yes' if result['correct'] else '**no**'}.\n\n" + run_line(result)
+    )
+
+
 def block_chapter_row(results: Path, number: str) -> str:
     result = load(results, "chapters.json")
     rows = {row["chapter"]: row for row in result["chapters"]}
@@ -269,5 +299,6 @@ BLOCKS = {
     "batch-throughput": block_batch_throughput,
     "arrivals": block_arrivals,
     "long-prompts": block_long_prompts,
+    "prefix": block_prefix,
     "chapter-row": block_chapter_row,
 }
