@@ -43,6 +43,7 @@ def build():
     def admit_and_compute(request_id, prompt):
         seq = sequence.Sequence(request_id, prompt, sampling.SamplingParams(max_tokens=4), set(), max_model_len=64)
         manager.take_prefix(seq, manager.cached_prefix(seq))
+        seq.num_cached_tokens = seq.num_computed_tokens  # as the scheduler records it at admission
         manager.grow(seq, seq.num_tokens)
         manager.commit_computed(seq, seq.num_tokens - seq.num_computed_tokens)
         return seq
@@ -84,28 +85,30 @@ def draw_layers(ax):
         6.1,
         2.5,
         "ModelRunner",
-        "copies each (source, copy) block's\nkeys and values before the forward;\nsaves and restores blocks a failed\nstep overwrote",
+        "copies each (source, copy) block's\nkeys and values before the forward;\n"
+        "saves and restores blocks a failed\nstep overwrote",
         "#f0f0f0",
     )
     arrow(ax, (12.95, 12.55), (13.55, 12.55), color="black")
-    ax.text(6.6, 10.25, "one interface:  allocate · share · free · is_shared · save / restore", ha="center", fontsize=9)
+    ax.text(9.5, 10.25, "one interface:  allocate · share · free · is_shared · save / restore", ha="center", fontsize=9)
     arrow(ax, (6.6, 11.25), (6.6, 10.6), color="black")
     box(
         ax,
         0.3,
-        7.4,
+        7.1,
         8.4,
-        2.45,
+        2.3,
         "BlockAllocator  (block_allocator.py)",
-        "a free list and a reference count per block;\nat count 0 a block is free at once and\nits contents are forgotten",
+        "a free list and a reference count per block;\n"
+        "at count 0 a block is free at once and\nits contents are forgotten",
         "white",
     )
     box(
         ax,
         9.3,
-        7.4,
+        7.1,
         10.4,
-        2.45,
+        2.3,
         "PrefixCachingBlockAllocator  (prefix_caching.py)",
         "+ remember(block, hash): full computed blocks, found by hash\n"
         "+ an evictor: unused remembered blocks, still findable,\n"
@@ -113,7 +116,8 @@ def draw_layers(ax):
         "white",
     )
     for x in (4.5, 14.5):
-        arrow(ax, (6.6, 10.0), (x, 9.95), color="gray", linestyle=(0, (3, 2)))
+        arrow(ax, (x, 10.0), (x, 9.55), color="gray", linestyle=(0, (3, 2)))
+        ax.text(x + 0.15, 9.72, "implements", fontsize=7.5, color="gray", va="center")
     ax.text(0.3, 14.2, "enable_prefix_caching picks the allocator; the block manager works on either", fontsize=9.5)
 
 
@@ -139,15 +143,14 @@ def draw_pool(ax, manager, seqs):
         f"free count {manager.num_free_blocks} = {len(free)} + {len(evictor)}",
         fontsize=9,
     )
-    for row, (name, seq) in enumerate(seqs.items()):
-        y = 5.6 - row * 1.25
+    for column, (name, seq) in enumerate(seqs.items()):
+        x, y = 0.3 + 10 * column, 5.0
         label = f"{name}: {seq.num_tokens} tokens, table {seq.block_table}"
-        if name == "b":
-            label += "  (8 tokens were a hit)"
-        ax.text(0.3, y, label, fontsize=9.5, color=SEQ_COLORS[name], va="center")
+        if seq.num_cached_tokens:
+            label += f", {seq.num_cached_tokens} of them a hit"
+        ax.text(x, y, label, fontsize=9.5, color=SEQ_COLORS[name], va="center")
         for block in seq.block_table:
-            start = (7.4 + row * 0.9, y - 0.2)
-            arrow(ax, start, (xs[block] + width / 2, pool_y + 1.7), color=SEQ_COLORS[name], alpha=0.8)
+            arrow(ax, (x + 3.2, y - 0.35), (xs[block] + width / 2, pool_y + 1.7), color=SEQ_COLORS[name], alpha=0.8)
     ax.legend(
         handles=[
             Patch(facecolor=COLORS[k], edgecolor="black", label=label)
@@ -158,8 +161,10 @@ def draw_pool(ax, manager, seqs):
                 ("free", "free, forgotten"),
             ]
         ],
-        loc="upper right",
-        bbox_to_anchor=(1.0, 0.47),
+        loc="upper left",
+        bbox_to_anchor=(0.1, pool_y - 1.45),
+        bbox_transform=ax.transData,
+        ncol=4,
         fontsize=8.5,
         frameon=False,
     )
@@ -167,7 +172,7 @@ def draw_pool(ax, manager, seqs):
 
 def main() -> None:
     manager, seqs = build()
-    fig, ax = plt.subplots(figsize=(9.5, 7.4))
+    fig, ax = plt.subplots(figsize=(9.5, 7.8))
     draw_layers(ax)
     ax.plot([0.3, 19.7], [6.6, 6.6], color="lightgray", lw=1)
     ax.text(
@@ -179,7 +184,7 @@ def main() -> None:
     )
     draw_pool(ax, manager, seqs)
     ax.set_xlim(0, 20)
-    ax.set_ylim(-0.4, 14.6)
+    ax.set_ylim(-1.4, 14.6)
     ax.axis("off")
     fig.tight_layout()
     OUT.parent.mkdir(parents=True, exist_ok=True)
