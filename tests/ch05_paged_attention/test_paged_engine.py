@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tests.ch03_batch_decode.test_batch_generate import MIXED_PROMPTS, batch_size_option
+from tests.engine_options import no_prefix_caching
 from tests.oracle import hf_greedy
 
 
@@ -31,8 +32,10 @@ def test_small_pool_reuses_blocks_and_stays_exact(checkpoint, tiny_model_dirs, t
 
 
 def test_admission_waits_for_free_blocks(checkpoint, tiny_model_dirs):
-    """A pool with room for one request at a time runs them one at a time, all to completion."""
-    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=4, num_kv_blocks=5)  # 20 slots
+    """A pool with room for one request at a time runs them one at a time, all to completion (with prefix
+    caching off from chapter 09 on: the identical prompts would share blocks)."""
+    options = no_prefix_caching(checkpoint)
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=4, num_kv_blocks=5, **options)  # 20 slots
     prompts = [list(range(10, 20))] * 3  # 10 prompt + 8 new - 1 = 17 slots: 5 blocks each
     manager = llm.block_manager
     peak_used = []  # blocks in use after each allocation

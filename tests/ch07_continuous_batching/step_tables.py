@@ -6,6 +6,8 @@ A request arriving at step k is added just before that call, and so is an abort 
 
 from dataclasses import dataclass, field
 
+from tests.engine_options import no_prefix_caching
+
 
 @dataclass
 class Scenario:
@@ -21,11 +23,6 @@ class Scenario:
 
 def prompt_tokens(index: int, length: int) -> list[int]:
     return [(index * 37 + j * 11) % 300 + 3 for j in range(length)]
-
-
-def no_prefix_caching(checkpoint) -> dict:
-    """From chapter 09 on, prefix caching turned off: a freed block is forgotten at once, as before."""
-    return {"enable_prefix_caching": False} if "prefix_caching" in checkpoint.__capabilities__ else {}
 
 
 def whole_prompts(checkpoint) -> dict:

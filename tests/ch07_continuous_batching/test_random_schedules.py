@@ -4,7 +4,7 @@ request that was not aborted finishes with exactly its solo output."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.ch07_continuous_batching.step_tables import no_prefix_caching
+from tests.engine_options import no_prefix_caching
 
 _solo_cache: dict = {}
 

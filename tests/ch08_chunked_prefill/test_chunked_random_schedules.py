@@ -4,8 +4,8 @@ and after every step, nothing leaks, and every request that was not aborted gets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.ch07_continuous_batching.step_tables import no_prefix_caching
 from tests.ch07_continuous_batching.test_random_schedules import solo
+from tests.engine_options import no_prefix_caching
 
 
 def check_plan(engine, plan) -> None:

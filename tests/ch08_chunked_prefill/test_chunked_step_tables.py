@@ -6,7 +6,8 @@ step's forward ran: request id -> number of new tokens. Greedy with EOS ignored;
 A sequence holds blocks for its computed tokens: ceil(computed / 4).
 """
 
-from tests.ch07_continuous_batching.step_tables import Scenario, no_prefix_caching, observe, prompt_tokens
+from tests.ch07_continuous_batching.step_tables import Scenario, observe, prompt_tokens
+from tests.engine_options import no_prefix_caching
 from tests.oracle import hf_greedy
 
 MODEL = "gqa"

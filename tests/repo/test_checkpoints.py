@@ -60,7 +60,7 @@ def numbers(points) -> list[int]:
 
 def test_the_matrix_own_checkpoint_and_latest_every_checkpoint_on_demand():
     every = list(range(1, chapters.latest().number + 1))
-    assert numbers(checkpoints_for("ch01_naive_decode", set(), every=False)) == [1, every[-1]]
+    assert numbers(checkpoints_for("ch01_naive_decode", set(), every=False)) == sorted({1, every[-1]})
     assert numbers(checkpoints_for("ch01_naive_decode", set(), every=True)) == every
     assert numbers(checkpoints_for(f"ch{every[-1]:02d}_latest", set(), every=False)) == [every[-1]]
 
