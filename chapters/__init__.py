@@ -43,6 +43,7 @@ CAPABILITIES = {
     "triton_kernels": "Triton kernels for GPU, chosen by `attention_backend`",
     "step_engine": "the step-level `LLMEngine` (add_request / step / abort_request), options named as vLLM's",
     "preemption": "a scheduler with waiting and running queues and budgets, which preempts by recomputation",
+    "serving": "an async engine loop, stop strings, an OpenAI-compatible server (`python -m rosellm serve`)",
 }
 
 

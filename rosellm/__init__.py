@@ -20,6 +20,7 @@ __capabilities__ = frozenset(
         "chunked_prefill",
         "prefix_caching",
         "parallel_sampling",
+        "serving",
     }
 )
 __all__ = ["CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

@@ -1,4 +1,4 @@
-"""Command line: `python -m rosellm generate "question"` and `python -m rosellm demo`.
+"""Command line: `python -m rosellm generate "question"`, `python -m rosellm demo` and `python -m rosellm serve`.
 
 Options are checked before the model loads; a bad one ends the run with one line on stderr and exit code 2.
 `--chapter NN` runs chapter NN's checkpoint instead of this package (it needs a clone of the repository).
@@ -58,21 +58,39 @@ def probability(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in [0, 65535], got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="rosellm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,serve}")
     gen = sub.add_parser("generate", help="answer one prompt, streaming", formatter_class=DefaultsHelpFormatter)
     gen.add_argument("prompt", help="the question (wrapped in the model's chat template unless --raw)")
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     demo = sub.add_parser("demo", help="answer three questions, streaming", formatter_class=DefaultsHelpFormatter)
-    for p in (gen, demo):
+    serve = sub.add_parser(
+        "serve", help="serve OpenAI's API over HTTP (chapter 10)", formatter_class=DefaultsHelpFormatter
+    )
+    for p in (gen, demo, serve):
         p.add_argument(
             "--model",
             default=None,
             help=".gguf file or Hugging Face folder; default: the bundled SmolLM2-135M-Instruct",
         )
+        p.add_argument("--device", default="cpu", help='"cpu", "cuda" or "cuda:N"')
+        p.add_argument(
+            "--attention-backend",
+            choices=BACKENDS,
+            default=None,
+            help='attention kernels (from chapter 06); default: "triton" on CUDA, "torch" elsewhere',
+        )
+    for p in (gen, demo):
         p.add_argument("--max-tokens", type=at_least(1, int), default=128, help="most tokens to generate")
         p.add_argument("--temperature", type=at_least(0, float), default=0.0, help="sampling temperature; 0 is greedy")
         p.add_argument(
@@ -83,19 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--top-k", type=at_least(0, int), default=0, help="keep the k most likely tokens; 0 keeps all")
         p.add_argument("--seed", type=int, default=None, help="seed of the sampler; default: a fresh random stream")
-        p.add_argument("--device", default="cpu", help='"cpu", "cuda" or "cuda:N"')
-        p.add_argument(
-            "--attention-backend",
-            choices=BACKENDS,
-            default=None,
-            help='attention kernels (from chapter 06); default: "triton" on CUDA, "torch" elsewhere',
-        )
         p.add_argument(
             "--chapter",
             default=None,
             metavar="NN",
             help="run chapter NN's checkpoint (e.g. 03) instead of the latest engine",
         )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=port_number, default=8000, help="port to listen on; 0 picks a free one")
+    serve.add_argument(
+        "--served-model-name", default=None, help="the model's name in the API; default: its file or folder name"
+    )
+    serve.add_argument("--max-num-seqs", type=at_least(1, int), default=32, help="most sequences running at once")
+    serve.add_argument(
+        "--max-model-len", type=at_least(2, int), default=None, help="longest prompt + answer; default: the context"
+    )
     return parser
 
 
@@ -241,9 +261,49 @@ def timing_line(output, ttft: float, total: float) -> str:
     )
 
 
+# --- serving (chapter 10) --------------------------------------------------------------------------------
+
+
+def default_model_name(model: str | None) -> str:
+    """What the API calls the model unless --served-model-name says: the file's stem or the folder's name."""
+    if model is None:
+        return "SmolLM2-135M-Instruct"
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def serve(parser: argparse.ArgumentParser, args) -> None:
+    """`rosellm serve`: listen on the port (a taken port fails before the model loads), load, serve until Ctrl-C."""
+    from . import api_server  # FastAPI and uvicorn load only to serve
+
+    try:
+        check_model(args.model)
+        check_device(args.device, args.attention_backend)
+        try:
+            sock = api_server.listening_socket(args.host, args.port)
+        except OSError as error:
+            raise BadOption(f"cannot listen on {args.host}:{args.port}: {error}") from None
+    except BadOption as error:
+        parser.exit(2, f"rosellm serve: error: {error}\n")
+    options = engine_options(args, None) | {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len}
+    try:
+        with sock:
+            engine = load_llm(importlib.import_module(__package__), args.model, options).llm_engine
+            name = args.served_model_name or default_model_name(args.model)
+            host, port = sock.getsockname()[:2]
+            print(f"serving {name} at http://{host}:{port}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
+            api_server.serve(engine, sock, name)
+    except (FileNotFoundError, ValueError) as error:
+        parser.exit(1, f"rosellm serve: error: {error}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(parser, args)
     try:
         check_model(args.model)
         check_device(args.device, args.attention_backend)

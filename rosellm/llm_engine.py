@@ -21,6 +21,7 @@ from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams, make_generators, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
+from .stop_strings import StopStringMatcher
 
 
 @dataclasses.dataclass
@@ -32,8 +33,9 @@ class RequestState:
     prompt: str | None
     detokenizers: list[IncrementalDetokenizer]
     generators: list[torch.Generator | None]  # one per sample
-    texts: list[str]
+    texts: list[str]  # released text: a possible start of a stop string is held back by its matcher
     finish_reasons: list[str | None]
+    stop_matchers: list[StopStringMatcher]
 
     @property
     def finished(self) -> bool:
@@ -109,6 +111,7 @@ class LLMEngine:
             make_generators(params, self.model_runner.device),
             [""] * n,
             [None] * n,
+            [StopStringMatcher(params.stop) for _ in range(n)],
         )
         self.scheduler.add(seq)
         return request_id
@@ -189,9 +192,14 @@ class LLMEngine:
         for (state, index, _), token in zip(draws, tokens):
             seq = state.seqs[index]
             finish_reason = seq.append_token(token)
-            state.texts[index] += state.detokenizers[index].add(token)
+            piece = state.detokenizers[index].add(token)
             if finish_reason is not None:
-                state.texts[index] += state.detokenizers[index].flush()
+                piece += state.detokenizers[index].flush()
+            matcher = state.stop_matchers[index]
+            state.texts[index] += matcher.add(piece, final=finish_reason is not None)
+            if matcher.stopped:
+                finish_reason = "stop"
+            if finish_reason is not None:
                 state.finish_reasons[index] = finish_reason
                 self.scheduler.finish(seq)
             advanced[seq.request_id] = state

@@ -9,8 +9,8 @@ class CompletionOutput:
 
     index: int  # which answer: 0 .. n-1
     token_ids: list[int]  # generated tokens, the stop token included
-    text: str = ""  # generated text, special tokens skipped
-    # "stop" (EOS or a stop token) | "length" (max_tokens or max_model_len) | None (not finished)
+    text: str = ""  # generated text, special tokens skipped, ending before a stop string
+    # "stop" (EOS, a stop token or a stop string) | "length" (max_tokens or max_model_len) | None (not finished)
     finish_reason: str | None = None
 
     @property

@@ -16,7 +16,9 @@ class SamplingParams:
     """How to pick each next token. `temperature` below GREEDY_TEMPERATURE (e.g. 0) means greedy.
     `max_tokens=None`: until a stop token or `max_model_len`. `n`: answers sampled from the one prompt;
     with a seed, answer i draws from its own stream seeded `seed + i` (so answer i of a seeded request with
-    n > 1 equals a request for one answer seeded `seed + i`). Bad values raise ValueError naming the limit."""
+    n > 1 equals a request for one answer seeded `seed + i`). `stop`: strings that end an answer when its
+    text contains one (stop_strings.py; a str alone is one stop string). Bad values raise ValueError naming
+    the limit."""
 
     temperature: float = 1.0
     top_k: int = 0  # 0: no top-k filter
@@ -26,6 +28,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     seed: int | None = None
     n: int = 1
+    stop: list[str] | str | None = None
 
     def __post_init__(self):
         self.temperature = real("temperature", self.temperature)
@@ -51,6 +54,10 @@ class SamplingParams:
         self.stop_token_ids = [integer("stop_token_ids", t) for t in stop]
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids >= 0, got {self.stop_token_ids}")
+        stop = [self.stop] if isinstance(self.stop, str) else [] if self.stop is None else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        self.stop = list(stop)
 
     @property
     def greedy(self) -> bool:

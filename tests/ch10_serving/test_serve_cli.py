@@ -1,0 +1,91 @@
+"""`python -m rosellm serve`: a bad option or a taken port fails before the model loads, with one line and exit
+code 2; a real run serves the API at the address it prints and stops cleanly on Ctrl-C."""
+
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rosellm import __main__ as cli
+
+pytestmark = pytest.mark.requires("serving")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def never_load(*args, **kwargs):
+    raise AssertionError("the model was loaded although an option was bad")
+
+
+BAD_OPTIONS = {
+    "port above 65535": ["--port", "70000"],
+    "negative port": ["--port", "-1"],
+    "missing model": ["--model", "/nonexistent/model.gguf"],
+    "zero max-num-seqs": ["--max-num-seqs", "0"],
+    "max-model-len of one": ["--max-model-len", "1"],
+    "unknown device": ["--device", "abacus"],
+    "triton on the cpu": ["--attention-backend", "triton"],
+}
+
+
+@pytest.mark.parametrize("options", BAD_OPTIONS.values(), ids=BAD_OPTIONS.keys())
+def test_bad_serve_option_fails_fast_with_one_line(options, monkeypatch, capsys):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(cli, "load_llm", never_load)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["serve", *options])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rosellm") and "error:" in err, err
+
+
+def test_a_taken_port_fails_before_the_model_loads(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "load_llm", never_load)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["serve", "--port", str(port)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err
+
+
+def test_help_shows_the_serve_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 127.0.0.1)", "(default: 8000)", "(default: 32)"):
+        assert default in out
+
+
+def test_serve_answers_and_stops_on_ctrl_c(tiny_model_dirs):
+    model = tiny_model_dirs["gqa"]
+    command = [sys.executable, "-m", "rosellm", "serve", "--model", str(model), "--port", "0", "--max-num-seqs", "4"]
+    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True)
+    reader.start()
+    try:
+        while not (address := re.search(r"serving gqa at (http://127\.0\.0\.1:\d+/v1)", line := lines.get(timeout=60))):
+            assert "Traceback" not in line, line
+        url = address.group(1)
+        assert httpx.get(f"{url}/models", timeout=30).json()["data"][0]["id"] == "gqa"
+        body = {"model": "gqa", "prompt": "The quick brown fox", "max_tokens": 4, "ignore_eos": True}
+        assert httpx.post(f"{url}/completions", json=body, timeout=30).json()["usage"]["completion_tokens"] == 4
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+    reader.join(timeout=10)
+    rest = []
+    while not lines.empty():
+        rest.append(lines.get())
+    assert not any("Traceback" in line for line in rest), "".join(rest)
