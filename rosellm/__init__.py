@@ -6,7 +6,7 @@ from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "09_prefix_caching"
+__chapter__ = "10_serving"
 __capabilities__ = frozenset(
     {
         "kv_cache",
