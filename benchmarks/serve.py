@@ -218,7 +218,7 @@ async def one_request(client, url: str, prompt: list[int], max_tokens: int, at: 
     await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
     body = dict(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True, stream=True)
     body["stream_options"] = {"include_usage": True}
-    sent, chunks, tokens, error = time.perf_counter() - t0, [], None, None
+    sent, chunks, tokens, error, text = time.perf_counter() - t0, [], None, None, ""
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
             if response.status_code != 200:
@@ -236,13 +236,15 @@ async def one_request(client, url: str, prompt: list[int], max_tokens: int, at: 
                         error = str(chunk["error"].get("message", chunk["error"]))
                     if chunk.get("choices"):
                         chunks.append(now)
+                        text += chunk["choices"][0].get("text") or ""
                     if chunk.get("usage"):
                         tokens = chunk["usage"]["completion_tokens"]
     except Exception as failure:  # the connection, the JSON: the request fails, the run goes on
         error = f"{type(failure).__name__}: {failure}"
     if error is None and (not chunks or tokens != max_tokens):
         error = f"{tokens} tokens in {len(chunks)} chunks, {max_tokens} asked"
-    return dict(prompt_len=len(prompt), max_tokens=max_tokens, sent=sent, chunks=chunks, tokens=tokens, error=error)
+    out = dict(prompt_len=len(prompt), max_tokens=max_tokens, sent=sent, chunks=chunks, tokens=tokens, error=error)
+    return out | {"text": text}
 
 
 async def send_all(url: str, requests: list[tuple], arrivals: list[float]) -> list[dict]:
@@ -298,7 +300,8 @@ def summarize(done: list[dict], rate: float, s: dict) -> dict:
         )
         for r in done
     ]
-    return row | ({"errors": errors[:5]} if errors else {}) | {"request_details": details}
+    texts = [r["text"] if r["error"] is None else None for r in done]  # compared across servers, then dropped
+    return row | ({"errors": errors[:5]} if errors else {}) | {"request_details": details, "texts": texts}
 
 
 def serve_schedule(server: Server, info: dict, work: list, warmup: list, s: dict) -> list[dict]:
@@ -327,9 +330,24 @@ def measure(args, s: dict, chosen: list) -> dict:
         for make in makers:
             servers.append(measure_server(*make(), work, warmup, s, runs))
     ours = [r for r in runs if r["server"] == "rosellm"]
+    agreement = same_texts(runs)
     correct = len(ours) == len(work) and all(r["failed"] == 0 for r in ours)
     named = dict(peers=[p.name for p in chosen], threads=args.threads, step_tokens=STEP_TOKENS, model_name=MODEL_NAME)
-    return dict(settings=s | named, servers=servers, runs=runs, notes=NOTES, correct=correct)
+    out = dict(settings=s | named, servers=servers, runs=runs, agreement=agreement, notes=NOTES)
+    return out | {"correct": correct}
+
+
+def same_texts(runs: list[dict]) -> dict:
+    """Per peer and rate: how many requests got the very same greedy text from rosellm and from the peer (fp32
+    both, but not the same kernels: a near tie may tip either way). Takes the texts out of the rows."""
+    texts = {(r["server"], r["rate"]): r.pop("texts") for r in runs}
+    out = {}
+    for (server, rate), theirs in texts.items():
+        ours = texts.get(("rosellm", rate))
+        if server != "rosellm" and ours is not None:
+            same = sum(a is not None and a == b for a, b in zip(ours, theirs))
+            out.setdefault(f"rosellm vs {server}", []).append({"rate": rate, "identical": same, "requests": len(ours)})
+    return out
 
 
 def measure_server(server: Server, info: dict, work: list, warmup: list, s: dict, runs: list) -> dict:
@@ -382,11 +400,28 @@ def report(result: dict) -> None:
     for server in result["servers"]:
         if "error" in server:
             print(f"{server['server']}: {server['error']}")
+    for pair, rates in result["agreement"].items():
+        same = ", ".join(f"{r['identical']}/{r['requests']} at {r['rate']:g}/s" for r in rates)
+        print(f"{pair}: identical greedy texts {same}")
 
 
 def number(value) -> float:
     """A value to draw: a missing one (no request completed) is not drawn."""
     return math.nan if value is None else value
+
+
+def plain_log_labels(ax) -> None:
+    """A log y axis labelled 0.5, 2, 300 rather than 5 x 10^-1; its 2s, 3s and 5s too when it spans little."""
+    from matplotlib.ticker import FuncFormatter
+
+    low, high = ax.get_ylim()
+    narrow = high / low < 30
+
+    def minor(value, _) -> str:
+        return f"{value:g}" if narrow and f"{value:.0e}"[0] in "235" else ""
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
 
 
 def plot(result: dict, path) -> None:
@@ -421,4 +456,6 @@ def plot(result: dict, path) -> None:
         ax.set_xticks(s["rates"], [f"{r:g}" for r in s["rates"]])
         ax.set_xlabel("arrival rate (requests/s, Poisson)")
         ax.legend(fontsize=7)
+    for ax in (ttft_ax, tpot_ax):
+        plain_log_labels(ax)
     harness.save_figure(fig, path, result, f"{s['requests']} requests a rate; ")

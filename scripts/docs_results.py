@@ -277,7 +277,7 @@ def block_serve(results: Path, name: str) -> str:
     model = Path(result["model"]).name if "/" in result["model"] else result["model"]
     labels = {server["server"]: server["label"] for server in result["servers"]}
     several = len(labels) > 1
-    ms = lambda v: "–" if v is None else f"{1000 * v:.0f}" if v >= 0.01 else f"{1000 * v:.1f}"  # noqa: E731
+    ms = lambda v: "–" if v is None else f"{1000 * v:,.0f}" if v >= 0.01 else f"{1000 * v:.1f}"  # noqa: E731
     sec = lambda v: "–" if v is None else f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"  # noqa: E731
     rows = []
     for r in result["runs"]:
@@ -298,6 +298,11 @@ def block_serve(results: Path, name: str) -> str:
     headings = (["server"] if several else []) + headings + ["output tokens/s", "goodput"]
     (low, high), (fewest, most) = s["prompt_len"], s["max_tokens"]
     served = "" if several else f", served by {labels.get('rosellm', 'rosellm')}"
+    same = "".join(
+        f" Identical greedy texts, {pair.replace('rosellm vs ', 'rosellm and ')}: "
+        f"{sum(r['identical'] for r in rates)} of {sum(r['requests'] for r in rates)} requests."
+        for pair, rates in result.get("agreement", {}).items()
+    )
     return (
         table(headings, rows)
         + "\n"
@@ -305,7 +310,7 @@ def block_serve(results: Path, name: str) -> str:
         f"{fewest}–{most} output tokens each (greedy, EOS ignored), streamed over HTTP to one asyncio client on "
         f"the same machine; {model}{served}. TTFT: from sending to the first chunk; TPOT: the time per output "
         f"token after the first; ITL: the gap between two chunks; goodput: the share of requests with TTFT ≤ "
-        f"{s['ttft_slo_s']:g} s and TPOT ≤ {1000 * s['tpot_slo_s']:.0f} ms.\n\n" + run_line(result)
+        f"{s['ttft_slo_s']:g} s and TPOT ≤ {1000 * s['tpot_slo_s']:.0f} ms.{same}\n\n" + run_line(result)
     )
 
 
