@@ -15,6 +15,10 @@ throughput and output tokens/s over the run (first send to last chunk); goodput:
 The targets: TTFT <= 2 s, a reply that starts within two seconds still feels responsive (one 256-token prompt's
 prefill alone takes a fraction of that here: what breaks it is queueing); TPOT <= 0.2 s, 5 tokens/s, about the
 pace of silent reading (~240 words/min at ~1.3 tokens a word): slower, and the reader waits on the text.
+The rates: SmolLM2-135M in fp32 on 2 cores decodes ~14 tokens/s alone (a ~70 ms step) and ~65 tokens/s at
+best in a large batch; a request asks 40 tokens on average, so 0.25 and 0.5 requests/s leave the server mostly
+idle, 1/s keeps a handful of requests decoding together near the TPOT target, and 2/s (80 tokens/s asked) is
+past what it can make: the queue, and TTFT with it, grows for as long as requests keep coming.
 
 With `--peers vllm`, vLLM's OpenAI server (its CPU build, in its own virtual environment, on the fp32 Hugging Face
 folder of the same weights, with the batching limits rosellm's server runs under) gets the same schedule from
