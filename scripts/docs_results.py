@@ -9,6 +9,7 @@ A line of its own in a page
     <!-- measured: arrivals FILE.json -->                      chapter 05 against chapter 07 on arriving requests
     <!-- measured: long-prompts FILE.json -->                  decode latency and long prompts' TTFT, chunking off / on
     <!-- measured: prefix FILE.json -->                        prompt tokens computed, TTFT, tok/s: caching on / off
+    <!-- measured: serve FILE.json -->                         the server under Poisson arrivals: latency, goodput
     <!-- measured: chapter-row NN -->                          chapter NN's row of the `chapters` workload
 
 is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
@@ -270,6 +271,49 @@ def block_prefix(results: Path, name: str) -> str:
     )
 
 
+def block_serve(results: Path, name: str) -> str:
+    result = load(results, name)
+    s = result["settings"]
+    model = Path(result["model"]).name if "/" in result["model"] else result["model"]
+    labels = {server["server"]: server["label"] for server in result["servers"]}
+    several = len(labels) > 1
+    ms = lambda v: "–" if v is None else f"{1000 * v:,.0f}" if v >= 0.01 else f"{1000 * v:.1f}"  # noqa: E731
+    sec = lambda v: "–" if v is None else f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"  # noqa: E731
+    rows = []
+    for r in result["runs"]:
+        ttft, tpot = r["ttft_s"], r["tpot_s"]
+        done = "" if r["failed"] == 0 else f" ({r['failed']} failed)"
+        rows.append(
+            ([labels[r["server"]]] if several else [])
+            + [
+                f"{r['rate']:g}",
+                " / ".join(sec(ttft[q]) for q in ("p50", "p90", "p99")),
+                " / ".join(ms(tpot[q]) for q in ("p50", "p90")),
+                ms(r["itl_s"]["p99"]),
+                "–" if r["output_tokens_per_s"] is None else f"{r['output_tokens_per_s']:.1f}",
+                f"**{100 * r['goodput']:.0f} %**{done}",
+            ]
+        )
+    headings = ["arrival rate (requests/s)", "TTFT p50 / p90 / p99 (s)", "TPOT p50 / p90 (ms)", "ITL p99 (ms)"]
+    headings = (["server"] if several else []) + headings + ["output tokens/s", "goodput"]
+    (low, high), (fewest, most) = s["prompt_len"], s["max_tokens"]
+    served = "" if several else f", served by {labels.get('rosellm', 'rosellm')}"
+    same = "".join(
+        f" Identical greedy texts, {pair.replace('rosellm vs ', 'rosellm and ')}: "
+        f"{sum(r['identical'] for r in rates)} of {sum(r['requests'] for r in rates)} requests."
+        for pair, rates in result.get("agreement", {}).items()
+    )
+    return (
+        table(headings, rows)
+        + "\n"
+        + f"{s['requests']} requests per rate arriving as a Poisson process, prompts of {low}–{high} random tokens, "
+        f"{fewest}–{most} output tokens each (greedy, EOS ignored), streamed over HTTP to one asyncio client on "
+        f"the same machine; {model}{served}. TTFT: from sending to the first chunk; TPOT: the time per output "
+        f"token after the first; ITL: the gap between two chunks; goodput: the share of requests with TTFT ≤ "
+        f"{s['ttft_slo_s']:g} s and TPOT ≤ {1000 * s['tpot_slo_s']:.0f} ms.{same}\n\n" + run_line(result)
+    )
+
+
 def block_chapter_row(results: Path, number: str) -> str:
     result = load(results, "chapters.json")
     rows = {row["chapter"]: row for row in result["chapters"]}
@@ -300,5 +344,6 @@ BLOCKS = {
     "arrivals": block_arrivals,
     "long-prompts": block_long_prompts,
     "prefix": block_prefix,
+    "serve": block_serve,
     "chapter-row": block_chapter_row,
 }

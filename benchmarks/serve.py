@@ -1,0 +1,465 @@
+"""serve (DESIGN.md §6): the OpenAI server under Poisson arrivals, as its clients feel it.
+
+`python -m rosellm serve` starts in a process group of its own on a free localhost port; once `/health` answers,
+one asyncio client (httpx) sends it, for each arrival rate, `requests` streamed `/v1/completions` at Poisson
+arrival times (exponential gaps, seeded): prompts of random token ids (lengths uniform in `prompt_len`),
+`max_tokens` uniform in `max_tokens`, greedy, `ignore_eos`, `stream_options.include_usage` for the token count.
+Each rate gets requests of its own (the same ones for every server), so that no prompt is ever seen twice and
+prefix caching, on in both servers, finds nothing. Every chunk is timestamped when its line arrives.
+
+Per rate and server: TTFT (send -> first chunk), TPOT ((last chunk - first chunk) / (tokens - 1)) and the
+inter-token latency (every gap between two chunks of a request) at p50/p90/p99; end-to-end latency; request
+throughput and output tokens/s over the run (first send to last chunk); goodput: the requests that met both
+`ttft_slo_s` and `tpot_slo_s`, as a share of all and per second.
+
+The targets: TTFT <= 2 s, a reply that starts within two seconds still feels responsive (one 256-token prompt's
+prefill alone takes a fraction of that here: what breaks it is queueing); TPOT <= 0.2 s, 5 tokens/s, about the
+pace of silent reading (~240 words/min at ~1.3 tokens a word): slower, and the reader waits on the text.
+The rates: SmolLM2-135M in fp32 on 2 cores decodes ~14 tokens/s alone (a ~70 ms step) and ~65 tokens/s at
+best in a large batch; a request asks 40 tokens on average, so 0.25 and 0.5 requests/s leave the server mostly
+idle, 1/s keeps a handful of requests decoding together near the TPOT target, and 2/s (80 tokens/s asked) is
+past what it can make: the queue, and TTFT with it, grows for as long as requests keep coming.
+
+With `--peers vllm`, vLLM's OpenAI server (its CPU build, in its own virtual environment, on the fp32 Hugging Face
+folder of the same weights, with the batching limits rosellm's server runs under) gets the same schedule from
+the same client. Each server is stopped (its whole process group) before the next starts, whatever happens.
+
+    python -m benchmarks serve [--peers vllm] [--quick]
+"""
+
+import asyncio
+import functools
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import chapters
+
+from . import harness, peers
+
+NAME = "serve"
+HELP = "DESIGN §6 serve: the OpenAI server under Poisson arrivals: TTFT, TPOT, ITL, goodput (and --peers vllm)"
+CHAPTER = 10
+
+FULL = {"rates": [0.25, 0.5, 1.0, 2.0], "requests": 32, "prompt_len": [32, 256], "max_tokens": [16, 64], "seed": 0}
+FULL |= {"ttft_slo_s": 2.0, "tpot_slo_s": 0.2, "max_num_seqs": 32, "warmup": 2}
+QUICK = {"rates": [4.0, 16.0], "requests": 6, "prompt_len": [8, 24], "max_tokens": [3, 8], "warmup": 1}
+
+MODEL_NAME = "bench"  # the name both servers serve the model under
+STEP_TOKENS = 2048  # rosellm's step budget with chunked prefill (its server's default), given to vLLM too
+START_TIMEOUT_S = 900  # vLLM compiles its kernels for a minute or two before it answers
+REQUEST_TIMEOUT_S = 600  # a request queued behind an overloaded server still waits this long for a chunk
+LABEL = f"rosellm (ch{chapters.latest().number:02d}, {chapters.latest().slug.replace('_', ' ')})"
+NOTES = [
+    "TTFT: from the request's send to its first chunk. TPOT: (last chunk - first chunk) / (tokens - 1), tokens "
+    "from the usage chunk. ITL: every gap between two chunks of a request (a chunk may carry more than one "
+    "token when text is held back or a slow client reads two steps at once).",
+    "Throughput: completed requests and output tokens over the run, from the first send to the last chunk. "
+    "Goodput: the requests that met both targets (TTFT and TPOT), as a share of all and per second of the run.",
+    "The client runs on the same CPU as the server: its share of the cores is part of what is measured.",
+]
+COLUMNS = {"server": "server", "rate": "req/s in", "done": "done", "ttft_p50": "TTFT p50 s", "ttft_p90": "p90"}
+COLUMNS |= {"ttft_p99": "p99", "tpot_p50": "TPOT p50 ms", "tpot_p90": "p90", "itl_p99": "ITL p99 ms"}
+COLUMNS |= {"request_throughput": "req/s out", "output_tokens_per_s": "tok/s", "goodput_pct": "goodput %"}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--peers", default="", help="also serve with these peers: vllm")
+
+
+def run(args, s: dict) -> dict:
+    chosen = peers.named(args.peers)
+    if any(peer.name != "vllm" for peer in chosen):
+        raise SystemExit("serve: of the peers, only vllm's OpenAI server is measured")
+    for peer in chosen:
+        peers.install(peer)
+    wrong = "rosellm's server did not complete every request (see 'servers' and 'runs')"
+    return harness.save(args, NAME, lambda: measure(args, s, chosen), "serve", plot, "ch10_serve", report, wrong)
+
+
+# --- the workload: requests and their arrival times --------------------------------------------------------
+
+
+def schedules(s: dict, vocab_size: int) -> list[tuple[float, list[tuple], list[float]]]:
+    """(rate, requests, arrival seconds) per rate: requests of its own (seeded), Poisson arrivals from t = 0."""
+    out = []
+    for k, rate in enumerate(s["rates"]):
+        seed = s["seed"] + 1000 * (k + 1)
+        requests = harness.random_requests(s["requests"], s["prompt_len"], s["max_tokens"], vocab_size, seed)
+        rng, arrivals = random.Random(seed), [0.0]
+        while len(arrivals) < len(requests):
+            arrivals.append(arrivals[-1] + rng.expovariate(rate))
+        out.append((rate, requests, arrivals))
+    return out
+
+
+# --- the servers: a process group each, stopped whatever happens ------------------------------------------------
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """A server process in a new session (its own process group), its output in a log file. Entering starts
+    it and waits for `/health`; leaving stops the whole group: Ctrl-C (SIGINT), then SIGKILL after 30 s."""
+
+    def __init__(self, name: str, argv: list[str], env: dict, port: int, log_dir: Path):
+        self.name, self.argv, self.env, self.port = name, argv, env, port
+        self.url, self.log_path, self.process = f"http://127.0.0.1:{port}", log_dir / f"{name}.log", None
+
+    def __enter__(self):
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.argv, cwd=harness.ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def wait_ready(self) -> None:
+        import httpx
+
+        start = time.perf_counter()
+        while time.perf_counter() - start < START_TIMEOUT_S:
+            if self.process.poll() is not None:
+                raise ServerError(f"{self.name} exited with status {self.process.returncode}: {self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    self.load_s = round(time.perf_counter() - start, 1)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise ServerError(f"{self.name} did not answer /health within {START_TIMEOUT_S} s: {self.log_tail()}")
+
+    def stop(self) -> None:
+        """Stop the whole process group (the server and whatever it started) and reap the server."""
+        if self.process is None:
+            return
+        group = self.process.pid  # the leader of a new session: its pid is the group's id
+        if self.process.poll() is None:
+            signal_group(group, signal.SIGINT)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                signal_group(group, signal.SIGKILL)
+                self.process.wait()
+        signal_group(group, signal.SIGKILL)  # anything of the group still there (worker processes)
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # nobody left in the group
+
+
+def rosellm_server(args, s: dict, longest: int, log_dir: Path) -> tuple[Server, dict]:
+    port = free_port()
+    argv = [sys.executable, "-m", "rosellm", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--served-model-name", MODEL_NAME, "--max-num-seqs", str(s["max_num_seqs"])]
+    argv += ["--max-model-len", str(longest + 1)] + (["--model", args.model] if args.model else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(harness.ROOT), os.environ.get("PYTHONPATH")])))
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)  # torch's default thread count follows it
+    info = dict(label=LABEL, version=f"chapter {chapters.latest().number:02d}", argv=argv[1:])
+    info |= {"environment": {"OMP_NUM_THREADS": env["OMP_NUM_THREADS"]} if args.threads else {}}
+    return Server("rosellm", argv, env, port, log_dir), info
+
+
+def vllm_server(args, s: dict, peer, longest: int, log_dir: Path) -> tuple[Server, dict]:
+    """vLLM's OpenAI server with the environment and batching limits its offline peer runs under."""
+    port, threads = free_port(), args.threads or len(os.sched_getaffinity(0))
+    argv = [
+        str(peer.interpreter),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        peers.weights(peer, args.model),
+    ]
+    argv += ["--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+    argv += ["--seed", "0", "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"]
+    for key, value in peers.options(peer, s["max_num_seqs"], STEP_TOKENS, longest).items():
+        argv += ["--" + key.replace("_", "-"), str(value)]
+    env = peers.environment(peer, threads)
+    shown = {key: value for key, value in env.items() if key.startswith("VLLM_") or key == "LD_PRELOAD"}
+    info = dict(label=peer.label, argv=argv[1:], environment={"python": str(peer.interpreter), **shown})
+    return Server(peer.name, argv, env, port, log_dir), info
+
+
+# --- the client ----------------------------------------------------------------------------------------------
+
+
+async def one_request(client, url: str, prompt: list[int], max_tokens: int, at: float, t0: float) -> dict:
+    """Send at t0 + at; the times (from t0) of every chunk that carries a choice, and the usage's token count."""
+    await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+    body = dict(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True, stream=True)
+    body["stream_options"] = {"include_usage": True}
+    sent, chunks, tokens, error, text = time.perf_counter() - t0, [], None, None, ""
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}: {(await response.aread())[:300].decode(errors='replace')}"
+            else:
+                async for line in response.aiter_lines():
+                    now = time.perf_counter() - t0
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        error = str(chunk["error"].get("message", chunk["error"]))
+                    if chunk.get("choices"):
+                        chunks.append(now)
+                        text += chunk["choices"][0].get("text") or ""
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+    except Exception as failure:  # the connection, the JSON: the request fails, the run goes on
+        error = f"{type(failure).__name__}: {failure}"
+    if error is None and (not chunks or tokens != max_tokens):
+        error = f"{tokens} tokens in {len(chunks)} chunks, {max_tokens} asked"
+    out = dict(prompt_len=len(prompt), max_tokens=max_tokens, sent=sent, chunks=chunks, tokens=tokens, error=error)
+    return out | {"text": text}
+
+
+async def send_all(url: str, requests: list[tuple], arrivals: list[float]) -> list[dict]:
+    import httpx
+
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30)
+    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
+        t0 = time.perf_counter() + 0.05  # every task is waiting before the first send
+        tasks = [one_request(client, url, p, m, at, t0) for (p, m), at in zip(requests, arrivals)]
+        return await asyncio.gather(*tasks)
+
+
+def percentiles(values: list[float], digits: int = 6) -> dict:
+    return {f"p{q}": None if not values else round(harness.percentile(values, q), digits) for q in (50, 90, 99)}
+
+
+def summarize(done: list[dict], rate: float, s: dict) -> dict:
+    """One rate's row: latency percentiles, throughput and goodput over the requests that completed."""
+    ok = [r for r in done if r["error"] is None]
+    ttft = [r["chunks"][0] - r["sent"] for r in ok]
+    tpot = [(r["chunks"][-1] - r["chunks"][0]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
+    itl = [b - a for r in ok for a, b in zip(r["chunks"], r["chunks"][1:])]
+    e2e = [r["chunks"][-1] - r["sent"] for r in ok]
+    good = [
+        r
+        for r in ok
+        if r["chunks"][0] - r["sent"] <= s["ttft_slo_s"]
+        and (r["tokens"] < 2 or (r["chunks"][-1] - r["chunks"][0]) / (r["tokens"] - 1) <= s["tpot_slo_s"])
+    ]
+    ends = [r["chunks"][-1] for r in done if r["chunks"]]
+    duration = max(ends) if ends else None  # from t0, the first send
+    tokens = sum(r["tokens"] for r in ok)
+    last_arrival = max(r["sent"] for r in done)
+    row = dict(rate=rate, requests=len(done), completed=len(ok), failed=len(done) - len(ok))
+    row |= dict(offered_rate=round((len(done) - 1) / last_arrival, 3) if last_arrival > 0 else None)
+    row |= dict(
+        duration_s=duration and round(duration, 2), output_tokens=tokens, chunks=sum(len(r["chunks"]) for r in ok)
+    )
+    row |= dict(ttft_s=percentiles(ttft), tpot_s=percentiles(tpot), itl_s=percentiles(itl), e2e_s=percentiles(e2e))
+    row |= dict(request_throughput=duration and round(len(ok) / duration, 3))
+    row |= dict(output_tokens_per_s=duration and round(tokens / duration, 2))
+    row |= dict(goodput=round(len(good) / len(done), 3), goodput_rps=duration and round(len(good) / duration, 3))
+    errors = sorted({r["error"] for r in done if r["error"]})
+    details = [
+        dict(
+            prompt_len=r["prompt_len"],
+            max_tokens=r["max_tokens"],
+            sent_s=round(r["sent"], 4),
+            ttft_s=r["chunks"] and round(r["chunks"][0] - r["sent"], 4),
+            last_chunk_s=r["chunks"] and round(r["chunks"][-1], 4),
+            tokens=r["tokens"],
+            chunks=len(r["chunks"]),
+        )
+        for r in done
+    ]
+    texts = [r["text"] if r["error"] is None else None for r in done]  # compared across servers, then dropped
+    return row | ({"errors": errors[:5]} if errors else {}) | {"request_details": details, "texts": texts}
+
+
+def serve_schedule(server: Server, info: dict, work: list, warmup: list, s: dict) -> list[dict]:
+    """Warm the server up (requests one at a time), then each rate's schedule; a row per rate."""
+    rows = []
+    warm = asyncio.run(send_all(server.url, warmup, [4.0 * i for i in range(len(warmup))]))
+    if any(r["error"] for r in warm):
+        raise ServerError(f"{server.name}'s warm-up failed: {sorted({r['error'] for r in warm if r['error']})}")
+    for rate, requests, arrivals in work:
+        print(f"{server.name}: {len(requests)} requests at {rate:g}/s", flush=True)
+        done = asyncio.run(send_all(server.url, requests, arrivals))
+        rows.append({"server": server.name, "label": info["label"]} | summarize(done, rate, s))
+    return rows
+
+
+def measure(args, s: dict, chosen: list) -> dict:
+    vocab = harness.model_config(args.model).vocab_size
+    work = schedules(s, vocab)
+    warmup = harness.random_requests(s["warmup"], [8, 16], [4, 4], vocab, s["seed"] + 1)
+    longest = max(len(p) + m for _, requests, _ in work for p, m in requests + warmup)
+    servers, runs = [], []
+    with tempfile.TemporaryDirectory(prefix="rosellm-serve-") as tmp:
+        # each server is made (its port picked) only when the one before it has stopped
+        makers = [functools.partial(rosellm_server, args, s, longest, Path(tmp))]
+        makers += [functools.partial(vllm_server, args, s, peer, longest, Path(tmp)) for peer in chosen]
+        for make in makers:
+            servers.append(measure_server(*make(), work, warmup, s, runs))
+    ours = [r for r in runs if r["server"] == "rosellm"]
+    agreement = same_texts(runs)
+    correct = len(ours) == len(work) and all(r["failed"] == 0 for r in ours)
+    named = dict(peers=[p.name for p in chosen], threads=args.threads, step_tokens=STEP_TOKENS, model_name=MODEL_NAME)
+    out = dict(settings=s | named, servers=servers, runs=runs, agreement=agreement, notes=NOTES)
+    return out | {"correct": correct}
+
+
+def same_texts(runs: list[dict]) -> dict:
+    """Per peer and rate: how many requests got the very same greedy text from rosellm and from the peer (fp32
+    both, but not the same kernels: a near tie may tip either way). Takes the texts out of the rows."""
+    texts = {(r["server"], r["rate"]): r.pop("texts") for r in runs}
+    out = {}
+    for (server, rate), theirs in texts.items():
+        ours = texts.get(("rosellm", rate))
+        if server != "rosellm" and ours is not None:
+            same = sum(a is not None and a == b for a, b in zip(ours, theirs))
+            out.setdefault(f"rosellm vs {server}", []).append({"rate": rate, "identical": same, "requests": len(ours)})
+    return out
+
+
+def measure_server(server: Server, info: dict, work: list, warmup: list, s: dict, runs: list) -> dict:
+    """Start the server, run every rate's schedule (rows appended to `runs`), stop it; what it was and did."""
+    print(f"--- {info['label']}: starting its server on port {server.port}", flush=True)
+    record = {"server": server.name} | info
+    try:
+        # the server stops (and is reaped) before the load is sampled: its CPU time is then this process's own
+        with harness.OtherLoad() as other, server:
+            record |= dict(pid=server.process.pid, load_s=server.load_s)
+            if server.name != "rosellm":
+                record["version"] = server_version(server)
+            runs += serve_schedule(server, info, work, warmup, s)
+    except ServerError as error:
+        record["error"] = str(error)
+        print(f"{server.name}: {error}", file=sys.stderr, flush=True)
+    else:
+        record["other_processes_cpu_share"] = other.share
+    process = server.process
+    return record | dict(pid=process and process.pid, exit_status=process and process.returncode)
+
+
+def server_version(server: Server) -> str | None:
+    import httpx
+
+    try:
+        return httpx.get(f"{server.url}/version", timeout=10).json().get("version")
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+# --- report and figure -----------------------------------------------------------------------------------------
+
+
+def table_rows(result: dict) -> list[dict]:
+    rows = []
+    for r in result["runs"]:
+        row = dict(server=r["server"], rate=f"{r['rate']:g}", done=f"{r['completed']}/{r['requests']}")
+        row |= {f"ttft_{q}": r["ttft_s"][q] for q in ("p50", "p90", "p99")}
+        row |= {f"tpot_{q}": r["tpot_s"][q] and 1000 * r["tpot_s"][q] for q in ("p50", "p90")}
+        row |= dict(itl_p99=r["itl_s"]["p99"] and 1000 * r["itl_s"]["p99"], goodput_pct=100 * r["goodput"])
+        rows.append(row | {key: r[key] for key in ("request_throughput", "output_tokens_per_s")})
+    return rows
+
+
+def report(result: dict) -> None:
+    s = result["settings"]
+    print(f"\nserve: goodput targets TTFT <= {s['ttft_slo_s']} s and TPOT <= {s['tpot_slo_s']} s")
+    harness.print_table(table_rows(result), COLUMNS)
+    for server in result["servers"]:
+        if "error" in server:
+            print(f"{server['server']}: {server['error']}")
+    for pair, rates in result["agreement"].items():
+        same = ", ".join(f"{r['identical']}/{r['requests']} at {r['rate']:g}/s" for r in rates)
+        print(f"{pair}: identical greedy texts {same}")
+
+
+def number(value) -> float:
+    """A value to draw: a missing one (no request completed) is not drawn."""
+    return math.nan if value is None else value
+
+
+def plain_log_labels(ax) -> None:
+    """A log y axis labelled 0.5, 2, 300 rather than 5 x 10^-1; its 2s, 3s and 5s too when it spans little."""
+    from matplotlib.ticker import FuncFormatter
+
+    low, high = ax.get_ylim()
+    narrow = high / low < 30
+
+    def minor(value, _) -> str:
+        return f"{value:g}" if narrow and f"{value:.0e}"[0] in "235" else ""
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+
+
+def plot(result: dict, path) -> None:
+    """TTFT, TPOT and ITL percentiles, output tokens/s and goodput against the arrival rate, a colour a server."""
+    fig, axes = harness.figure_axes(2, 2, (11, 7))
+    s, colours = result["settings"], {"rosellm": "tab:red", "vllm": "tab:blue"}
+    styles = {"p50": "o-", "p90": "s--", "p99": "^:"}
+    (ttft_ax, tpot_ax), (tps_ax, good_ax) = axes
+    for name in dict.fromkeys(r["server"] for r in result["runs"]):
+        runs = [r for r in result["runs"] if r["server"] == name]
+        rates, colour = [r["rate"] for r in runs], colours.get(name, "tab:gray")
+        for q, style in styles.items():
+            ttft_ax.plot(rates, [number(r["ttft_s"][q]) for r in runs], style, color=colour, label=f"{name} {q}")
+        for q, style in (("p50", "o-"), ("p90", "s--")):
+            tpot_ax.plot(
+                rates, [1000 * number(r["tpot_s"][q]) for r in runs], style, color=colour, label=f"{name} TPOT {q}"
+            )
+        tpot_ax.plot(
+            rates, [1000 * number(r["itl_s"]["p99"]) for r in runs], "^:", color=colour, label=f"{name} ITL p99"
+        )
+        tps_ax.plot(rates, [number(r["output_tokens_per_s"]) for r in runs], "o-", color=colour, label=name)
+        good_ax.plot(rates, [100 * r["goodput"] for r in runs], "o-", color=colour, label=name)
+    ttft_ax.axhline(s["ttft_slo_s"], color="gray", lw=0.8, ls="--")
+    tpot_ax.axhline(1000 * s["tpot_slo_s"], color="gray", lw=0.8, ls="--")
+    ttft_ax.set(ylabel="time to first token (s)", yscale="log", title="TTFT (dashed grey: the target)")
+    tpot_ax.set(ylabel="ms", yscale="log", title="time per output token, inter-token latency")
+    tps_ax.set(ylabel="output tokens/s", title="throughput", ylim=(0, None))
+    title = f"goodput: TTFT <= {s['ttft_slo_s']:g} s and TPOT <= {s['tpot_slo_s']:g} s"
+    good_ax.set(ylabel="% of requests", ylim=(0, 105), title=title)
+    for ax in (ttft_ax, tpot_ax, tps_ax, good_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(s["rates"], [f"{r:g}" for r in s["rates"]])
+        ax.set_xlabel("arrival rate (requests/s, Poisson)")
+        ax.legend(fontsize=7)
+    for ax in (ttft_ax, tpot_ax):
+        plain_log_labels(ax)
+    harness.save_figure(fig, path, result, f"{s['requests']} requests a rate; ")
