@@ -310,8 +310,23 @@ def block_serve(results: Path, name: str) -> str:
         f"{fewest}–{most} output tokens each (greedy, EOS ignored), streamed over HTTP to one asyncio client on "
         f"the same machine; {model}{served}. TTFT: from sending to the first chunk; TPOT: the time per output "
         f"token after the first; ITL: the gap between two chunks; goodput: the share of requests with TTFT ≤ "
-        f"{s['ttft_slo_s']:g} s and TPOT ≤ {1000 * s['tpot_slo_s']:.0f} ms.{same}\n\n" + run_line(result)
+        f"{s['ttft_slo_s']:g} s and TPOT ≤ {1000 * s['tpot_slo_s']:.0f} ms.{same}\n\n" + server_load_lines(result)
     )
+
+
+def server_load_lines(result: dict) -> str:
+    """The run line with the load seen while rosellm's server ran; a peer server's worker processes (which the
+    benchmark starts but does not reap) count as "other processes" in the load counter, so their share is
+    stated apart instead of flagging the whole run."""
+    servers = {x["server"]: x for x in result.get("servers", [])}
+    own = servers.get("rosellm", {}).get("other_processes_cpu_share")
+    peers = [
+        f"while {x['label']} ran, {100 * x['other_processes_cpu_share']:.0f} % of the CPU was counted outside the "
+        "benchmark's own process tree: that server's worker processes, started under it but not reaped by it"
+        for x in servers.values()
+        if x["server"] != "rosellm" and x.get("other_processes_cpu_share")
+    ]
+    return run_line(result, own) + ("".join(f"*Note: {p}.*\n" for p in peers) if peers else "")
 
 
 def block_chapter_row(results: Path, number: str) -> str:
