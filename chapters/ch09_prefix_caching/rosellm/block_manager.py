@@ -43,10 +43,14 @@ class BlockManager:
         index = seq.num_computed_tokens // self.block_size
         return index < len(seq.block_table) and self.allocator.is_shared(seq.block_table[index])
 
+    def num_new_blocks(self, seq: Sequence, num_tokens: int) -> int:
+        """Blocks `seq`'s table lacks to hold `num_tokens` slots."""
+        return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
+
     def num_missing_blocks(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks the pool gives `seq` for its table to hold `num_tokens` slots: new ones, plus a copy of
         the shared block it writes into."""
-        return max(0, self.blocks_needed(num_tokens) - len(seq.block_table)) + self.needs_copy(seq)
+        return self.num_new_blocks(seq, num_tokens) + self.needs_copy(seq)
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         return self.num_missing_blocks(seq, num_tokens) <= self.num_free_blocks
@@ -64,7 +68,7 @@ class BlockManager:
 
     def grow(self, seq: Sequence, num_tokens: int) -> list[int]:
         """Extend `seq.block_table` to hold `num_tokens` slots; returns the new blocks (all or nothing)."""
-        missing = max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
+        missing = self.num_new_blocks(seq, num_tokens)
         if missing > self.num_free_blocks:
             raise NoFreeBlocksError(f"{seq.request_id!r} needs {missing} blocks, {self.num_free_blocks} are free")
         new_blocks = [self.allocator.allocate() for _ in range(missing)]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from hashlib import sha256
 
-from .block_allocator import AllocatorState, BlockAllocator, NoFreeBlocksError
+from .block_allocator import AllocatorState, BlockAllocator
 
 
 def hash_block(parent_hash: bytes, token_ids: Sequence[int]) -> bytes:
@@ -58,10 +58,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         return len(self.free_ids) + len(self.evictor)
 
     def allocate(self) -> int:
-        if self.free_ids:
-            return super().allocate()
-        if not self.evictor:
-            raise NoFreeBlocksError(f"all {self.num_total_blocks} KV blocks are in use")
+        if self.free_ids or not self.evictor:
+            return super().allocate()  # the free list first (the plain allocator raises when all are in use)
         block_id, _ = self.evictor.popitem(last=False)
         block_hash, _ = self.block_hashes.pop(block_id)
         del self.cached[block_hash]
