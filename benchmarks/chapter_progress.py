@@ -34,8 +34,8 @@ def checkpoint_options(point: chapters.Checkpoint, batch: int) -> dict:
     if "batched" not in point.capabilities:
         return {}  # one request at a time
     options = {"max_num_seqs" if "step_engine" in point.capabilities else "max_batch_size": batch}
-    if "triton_kernels" in point.capabilities:
-        options["attention_backend"] = "torch"
+    if "triton_kernels" in point.capabilities and "compiled" not in point.capabilities:
+        options["attention_backend"] = "torch"  # from chapter 11 on, the CPU default ("cpu") is the fast one
     return options
 
 

@@ -64,8 +64,13 @@ def timed_run(requests: list, desc: str, submit, advance) -> dict:
 # --- rosellm ---------------------------------------------------------------------------------------------
 
 
+def package_of(engine):
+    """The package an engine comes from (`rosellm` or a chapter's frozen copy): its own SamplingParams."""
+    return importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
+
+
 def rosellm_run(engine, requests: list, desc: str, prefix: str) -> dict:
-    from rosellm import SamplingParams
+    SamplingParams = package_of(engine).SamplingParams
 
     def submit(i, prompt, max_tokens):
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -81,7 +86,7 @@ def rosellm_run(engine, requests: list, desc: str, prefix: str) -> dict:
 
 def decode_sweep(engine, batch_sizes: list[int], prompt_len: int, steps: int) -> list[dict]:
     """Decode tokens/s at each batch size b: b requests are prefilled (untimed), then `steps` steps timed."""
-    from rosellm import SamplingParams
+    SamplingParams = package_of(engine).SamplingParams
 
     points, vocab_size = [], engine.model.config.vocab_size
     for b in batch_sizes:
@@ -102,45 +107,82 @@ def decode_sweep(engine, batch_sizes: list[int], prompt_len: int, steps: int) ->
     return points
 
 
-GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
-ATTENTION = ("scaled_dot_product", "index", "gather", "scatter")  # SDPA and the paged KV reads and writes
+GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "rosellm::packed_linear")
+ATTENTION = ("rosellm.attention", "scaled_dot_product", "index", "gather", "scatter")  # the label, or SDPA and KV reads
 PHASES = ("schedule", "forward", "lm_head", "sample", "commit")
 
 
-def profile_run(engine, requests: list) -> dict:
-    """Where the time of `LLMEngine.step` goes, from `torch.profiler`: the engine's own labels give its phases
-    (rosellm.schedule, .forward, .lm_head, .sample, .commit); the outermost aten ops inside the forward,
-    grouped by name, split it into GEMM, attention (SDPA, KV gathers and stores) and the rest."""
-    from torch.profiler import ProfilerActivity, profile
+def profile_kind(event) -> str | None:
+    """ "gemm" or "attention" for the outermost such event inside the engine's forward, else None."""
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        run = rosellm_run(engine, requests, "rosellm (profiled)", "profile-")
-        total = time.perf_counter() - start
+    def kind(name):
+        return "gemm" if name in GEMM else "attention" if any(a in name for a in ATTENTION) else None
+
+    if kind(event.name) is None:
+        return None
+    parent = event.cpu_parent
+    while parent is not None and parent.name != "rosellm.forward":
+        if kind(parent.name):
+            return None  # counted with its ancestor
+        parent = parent.cpu_parent
+    return kind(event.name) if parent is not None else None
+
+
+def step_parts(events) -> dict[str, float]:
+    """Seconds of one profiled step by part: the engine's phases (its labels rosellm.schedule, .forward,
+    .lm_head, .sample, .commit), and inside the forward its outermost GEMMs and attention."""
     seconds = dict.fromkeys(("gemm", "attention", *PHASES), 0.0)
-    for event in prof.events():
-        name, parent = event.name, event.cpu_parent
+    for event in events:
+        name = event.name
         if name.startswith("rosellm.") and name[8:] in PHASES:
             seconds[name[8:]] += event.cpu_time_total / 1e6
-        elif name.startswith("aten::") and parent is not None and parent.name == "rosellm.forward":
-            kind = "gemm" if name in GEMM else "attention" if any(a in name for a in ATTENTION) else None
-            if kind:
-                seconds[kind] += event.cpu_time_total / 1e6
+        elif kind := profile_kind(event):
+            seconds[kind] += event.cpu_time_total / 1e6
+    return seconds
+
+
+def profile_run(engine, requests: list, every: int) -> dict:
+    """Where the time of `LLMEngine.step` goes: the workload run once more, `torch.profiler` recording one step
+    in `every` (a sample of the whole run, prompts and decodes, in the proportions they take), each split by
+    `step_parts`. The forward's rest, beyond GEMMs and attention, is element-wise work, compiled or not."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    SamplingParams = package_of(engine).SamplingParams
+    for i, (prompt, max_tokens) in enumerate(requests):
+        engine.add_request(
+            f"profile-{i}", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        )
+    seconds = dict.fromkeys(("gemm", "attention", *PHASES), 0.0)
+
+    def add_sampled_step(prof):
+        for key, value in step_parts(prof.events()).items():
+            seconds[key] += value
+
+    steps, sampled, sampled_s = 0, 0, 0.0
+    cycle = schedule(wait=max(every - 2, 0), warmup=min(every - 1, 1), active=1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=cycle, on_trace_ready=add_sampled_step) as prof:
+        while engine.has_unfinished_requests():
+            start = time.perf_counter()
+            engine.step()
+            steps += 1
+            if steps % every == 0:  # the step the profiler recorded
+                sampled, sampled_s = sampled + 1, sampled_s + time.perf_counter() - start
+            prof.step()
     parts = dict(gemm=seconds["gemm"], attention=seconds["attention"])
     parts["other_model"] = seconds["forward"] - seconds["gemm"] - seconds["attention"]
     parts |= {key: seconds[key] for key in ("lm_head", "schedule", "sample", "commit")}
-    parts["python_rest"] = total - sum(seconds[key] for key in PHASES)
-    steps = run["steps"]
+    parts["python_rest"] = sampled_s - sum(seconds[key] for key in PHASES)
     rows = [
-        dict(part=key, seconds=round(s, 3), share=round(s / total, 4), ms_per_step=round(1000 * s / steps, 3))
+        dict(part=key, seconds=round(s, 3), share=round(s / sampled_s, 4), ms_per_step=round(1000 * s / sampled, 3))
         for key, s in parts.items()
     ]
-    out = dict(steps=steps, step_total_s=round(total, 3), wall_s=round(run["wall_s"], 2), requests=len(requests))
-    return out | dict(tokens=sum(len(t) for t in run["tokens"]), parts=rows, legend=profile_run.__doc__)
+    out = dict(steps=steps, every=every, sampled_steps=sampled, sampled_s=round(sampled_s, 3), requests=len(requests))
+    return out | dict(parts=rows, legend=profile_run.__doc__)
 
 
 def task_rosellm(spec: dict) -> dict:
-    import rosellm
+    """rosellm's `LLMEngine`: the latest checkpoint, or `spec["module"]` (a chapter's package)."""
+    rosellm = importlib.import_module(spec.get("module", "rosellm"))
 
     dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else None
     options = spec.get("engine_options", {})
@@ -154,8 +196,8 @@ def task_rosellm(spec: dict) -> dict:
     if spec.get("sweep"):
         sweep = spec["sweep"]
         result["decode_sweep"] = decode_sweep(engine, sweep["batch_sizes"], sweep["prompt_len"], sweep["steps"])
-    if spec.get("profile_requests"):
-        result["profile"] = profile_run(engine, spec["profile_requests"])
+    if spec.get("profile_every"):
+        result["profile"] = profile_run(engine, spec["requests"], spec["profile_every"])
     return result
 
 

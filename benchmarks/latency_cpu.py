@@ -34,7 +34,7 @@ def run(args, s: dict) -> dict:
     n, p = s["max_tokens"], s["prompt_len"]
     one = offline_cpu.FULL | {"requests": 1, "prompt_len": [p, p], "max_tokens": [n, n], "static_batch": 1}
     one |= {"max_num_seqs": 1, "max_batch_tokens": max(p, 256), "check_requests": 1, "sweep": [0]}
-    one |= {"profile_requests": 0, "check_tokens": s["check_tokens"], "seed": s["seed"], "repeats": s["repeats"]}
+    one |= {"profile_every": 0, "check_tokens": s["check_tokens"], "seed": s["seed"], "repeats": s["repeats"]}
     return offline_cpu.run_workload(
         args, one, NAME, "latency_cpu", plot, report, partial(at_batch_1, s=s, model=args.model)
     )

@@ -26,10 +26,10 @@ CHAPTER = 7  # measures chapter 07's step engine (`LLMEngine`)
 
 FULL = {"requests": 64, "prompt_len": [32, 512], "max_tokens": [32, 256], "seed": 0, "repeats": 1}
 FULL |= {"static_batch": 16, "max_num_seqs": 64, "max_batch_tokens": 2048}  # the engines' limits
-FULL |= {"check_requests": 4, "check_tokens": 16, "profile_requests": 8}
+FULL |= {"check_requests": 4, "check_tokens": 16, "profile_every": 5}
 FULL |= {"sweep": [1, 2, 4, 8, 16, 32, 64], "sweep_prompt_len": 128, "sweep_steps": 8}  # rosellm's decode sweep
 QUICK = {"requests": 6, "prompt_len": [8, 40], "max_tokens": [4, 12], "static_batch": 4, "max_batch_tokens": 256}
-QUICK |= {"check_requests": 2, "check_tokens": 4, "profile_requests": 3}
+QUICK |= {"check_requests": 2, "check_tokens": 4, "profile_every": 2}
 QUICK |= {"sweep": [1, 2, 4], "sweep_prompt_len": 16, "sweep_steps": 3}
 ENGINES = {
     "rosellm": f"rosellm (ch{chapters.latest().number:02d}, {chapters.latest().slug.replace('_', ' ')})",
@@ -111,7 +111,7 @@ def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="flo
     runs = {"hf-generate": harness.run_engine("hf-generate", common | hf, ENGINES["hf-generate"])}
     reference = runs["hf-generate"].get("reference", {})
     if "rosellm" in engines:
-        extra = dict(engine_options=options, profile_requests=requests[: s["profile_requests"]])
+        extra = dict(engine_options=options, profile_every=s["profile_every"])
         extra["sweep"] = sweep and dict(batch_sizes=sweep, prompt_len=s["sweep_prompt_len"], steps=s["sweep_steps"])
         runs["rosellm"] = harness.run_engine("rosellm", common | extra, ENGINES["rosellm"])
     if "hf-continuous" in engines:

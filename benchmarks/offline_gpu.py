@@ -22,7 +22,7 @@ CHAPTER = 7  # measures chapter 07's step engine (`LLMEngine`)
 
 FULL = offline_cpu.FULL | {"requests": 256, "prompt_len": [100, 1024], "max_tokens": [100, 1024]}
 FULL |= {"static_batch": 64, "max_num_seqs": 256, "max_batch_tokens": 16384, "check_tokens": 4}
-FULL |= {"sweep": [0], "profile_requests": 0}
+FULL |= {"sweep": [0], "profile_every": 0}
 QUICK = {"requests": 8, "prompt_len": [16, 64], "max_tokens": [8, 32], "static_batch": 4}
 SHAPE = {"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28}
 SHAPE |= {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096}

@@ -44,6 +44,7 @@ CAPABILITIES = {
     "step_engine": "the step-level `LLMEngine` (add_request / step / abort_request), options named as vLLM's",
     "preemption": "a scheduler with waiting and running queues and budgets, which preempts by recomputation",
     "serving": "an async engine loop, stop strings, an OpenAI-compatible server (`python -m rosellm serve`)",
+    "compiled": "fused QKV and gate-up, decoder layers compiled by torch.compile (`enforce_eager` turns it off)",
 }
 
 

@@ -6,7 +6,7 @@ from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "10_serving"
+__chapter__ = "11_cpu_performance"
 __capabilities__ = frozenset(
     {
         "kv_cache",
@@ -21,6 +21,7 @@ __capabilities__ = frozenset(
         "prefix_caching",
         "parallel_sampling",
         "serving",
+        "compiled",
     }
 )
 __all__ = ["CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

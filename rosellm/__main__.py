@@ -88,7 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
             "--attention-backend",
             choices=BACKENDS,
             default=None,
-            help='attention kernels (from chapter 06); default: "triton" on CUDA, "torch" elsewhere',
+            help='attention kernels (from chapter 06); default: "triton" on CUDA, "cpu" elsewhere (chapter 11; '
+            'before it, and with --enforce-eager, "torch")',
+        )
+        p.add_argument(
+            "--enforce-eager",
+            action="store_true",
+            help="never torch.compile (from chapter 11): starts in seconds, runs slower",
         )
     for p in (gen, demo):
         p.add_argument("--max-tokens", type=at_least(1, int), default=128, help="most tokens to generate")
@@ -162,6 +168,10 @@ def engine_package(args) -> tuple[object, frozenset[str] | None]:
         chosen = checkpoint(args.chapter)
     except ValueError as error:
         raise BadOption(f"--chapter {args.chapter}: {error}") from None
+    if args.enforce_eager and "compiled" not in chosen.capabilities:
+        raise BadOption(
+            f"--enforce-eager: chapter {chosen.number:02d} compiles nothing (compilation arrives in chapter 11)"
+        )
     if args.attention_backend is not None and "triton_kernels" not in chosen.capabilities:
         raise BadOption(
             f"--attention-backend: chapter {chosen.number:02d} has a single attention path "
@@ -175,6 +185,8 @@ def engine_options(args, capabilities: frozenset[str] | None) -> dict:
     options = {"device": args.device}
     if args.attention_backend is not None and (capabilities is None or "triton_kernels" in capabilities):
         options["attention_backend"] = args.attention_backend
+    if args.enforce_eager:
+        options["enforce_eager"] = True
     return options
 
 

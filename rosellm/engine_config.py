@@ -17,8 +17,9 @@ class EngineConfig:
                             max_num_seqs sequences of max_model_len tokens need
     kv_cache_memory:        bytes for the KV pool when num_kv_blocks is None
     watermark:              share of the pool kept free when admitting (room for running sequences to grow)
-    attention_backend:      "reference", "torch" or "triton" (attention_backend.py); None: "triton" on
-                            CUDA, "torch" elsewhere
+    attention_backend:      "reference", "torch", "cpu" or "triton" (attention_backend.py); None: "triton"
+                            on CUDA, else "cpu" ("torch" when enforce_eager)
+    enforce_eager:          run the decoder layers as plain PyTorch, never `torch.compile`d
     enable_chunked_prefill: split prompts longer than what a step's budget has left over several steps
     enable_prefix_caching:  remember full KV blocks by the hash of their tokens; a prompt starting with
                             remembered blocks reuses them instead of computing them again
@@ -32,6 +33,7 @@ class EngineConfig:
     kv_cache_memory: int = 1 << 30
     watermark: float = 0.01
     attention_backend: str | None = None
+    enforce_eager: bool = False
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
 
@@ -51,7 +53,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not (isinstance(self.watermark, (int, float)) and 0 <= self.watermark < 1):
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -56,7 +56,9 @@ class GroupPlan:
         self.size = len(rows)
         self.max_query_len = int(query_lens.max())
         needed = -(-int(seq_lens.max()) // block_size)
-        self.block_ids = metadata.block_tables[index, :needed].clamp(min=0).long().flatten()  # [size * needed]
+        self.seq_lens = seq_lens  # [size]
+        self.block_tables = metadata.block_tables[index, :needed].clamp(min=0).long()  # [size, needed]
+        self.block_ids = self.block_tables.flatten()  # [size * needed]
         # Token j of row i in the padded layout [size, max_query_len] is query row starts[i] + j.
         slot = torch.arange(self.max_query_len, device=device)
         self.is_query = slot[None, :] < query_lens[:, None]  # [size, max_query_len]

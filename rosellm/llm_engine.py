@@ -61,7 +61,7 @@ class LLMEngine:
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
         self.config = config = EngineConfig(**engine_options)
-        self.model_runner = ModelRunner(model, device, dtype, config.attention_backend)
+        self.model_runner = ModelRunner(model, device, dtype, config.attention_backend, config.enforce_eager)
         self.model, self.tokenizer = self.model_runner.model, self.model_runner.tokenizer
         context = self.model.config.max_position_embeddings
         self.max_model_len = config.max_model_len or context

@@ -56,7 +56,7 @@ def load_model(model=None, device: str = "cpu", dtype: torch.dtype | None = None
     # Build on the meta device (no time spent on random init), then adopt the loaded tensors.
     with torch.device("meta"):
         net = LlamaForCausalLM(config)
-    state = {name: t.to(dtype) for name, t in state.items()}
+    state = fuse_projections({name: t.to(dtype) for name, t in state.items()})
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     net.load_state_dict(state, strict=False, assign=True)
@@ -67,6 +67,24 @@ def load_model(model=None, device: str = "cpu", dtype: torch.dtype | None = None
         raise ValueError(f"{folder}: weights missing for {missing[:5]}")
     net.model.rotary_emb.to(device)
     return net.eval(), load_tokenizer(folder)
+
+
+FUSED_PROJECTIONS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def fuse_projections(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Hugging Face's separate q/k/v and gate/up weights (and biases) -> our fused ones, their rows
+    concatenated in that order: one [out_q + out_k + out_v, hidden] matrix does the three GEMMs' work."""
+    state = dict(state)
+    for name in [n for n in state if ".self_attn.q_proj." in n or ".mlp.gate_proj." in n]:
+        for fused, parts in FUSED_PROJECTIONS.items():
+            if f".{parts[0]}." in name:
+                names = [name.replace(f".{parts[0]}.", f".{part}.") for part in parts]
+                state[name.replace(f".{parts[0]}.", f".{fused}.")] = torch.cat([state.pop(n) for n in names])
+    return state
 
 
 def load_tokenizer(folder: Path):

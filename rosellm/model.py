@@ -1,8 +1,13 @@
 """A Llama-family decoder written from scratch: RMSNorm, rotary embeddings, grouped-query attention,
 SwiGLU MLP, tied or untied LM head.
 
-Module and parameter names mirror Hugging Face's `LlamaForCausalLM`, so a `*.safetensors` state dict
-loads as it is.
+Module and parameter names mirror Hugging Face's `LlamaForCausalLM`, except two fused projections: Q, K
+and V are one `qkv_proj` and gate and up one `gate_up_proj` (one GEMM each instead of three and two); the
+loader concatenates the Hugging Face weights (`fuse_projections`).
+
+Each decoder layer is two pieces around its attention: `attention_inputs` (norm, QKV, rotary) and
+`attention_outputs` (output projection, residual, norm, MLP, residual). `compile_layers()` hands both to
+`torch.compile`; attention, which reads the KV pool through block tables, stays with its backend.
 """
 
 import math
@@ -10,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
 
 from .attention_backend import REFERENCE_BACKEND
 from .attention_metadata import AttentionMetadata
@@ -86,25 +92,29 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         hidden, bias = config.hidden_size, config.attention_bias
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=bias)  # rows: Q, then K, then V
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.backend = REFERENCE_BACKEND  # whose store_kv and paged_attention run (attention_backend.py)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [num_tokens, hidden] -> q [num_tokens, heads, head_dim], k and v [num_tokens, kv_heads, head_dim],
+        q and k rotated."""
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool
     ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        # [num_tokens, heads, head_dim]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        """Store the new keys and values, attend over the cache: -> [num_tokens, heads, head_dim]."""
         key_cache, value_cache = kv_pool.layer(self.layer_index)
         self.backend.store_kv(k, v, key_cache, value_cache, metadata.slot_mapping)  # write through the slot mapping
-        out = self.backend.paged_attention(q, key_cache, value_cache, metadata)  # read through the block tables
-        return self.o_proj(out.reshape(num_tokens, -1))
+        return self.backend.paged_attention(q, key_cache, value_cache, metadata)  # read through the block tables
 
 
 class MLP(nn.Module):
@@ -113,12 +123,12 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
-        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.gate_up_proj = nn.Linear(hidden, 2 * inner, bias=bias)  # rows: gate, then up
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [num_tokens, inner] each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -129,10 +139,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata, kv_pool)
+    def attention_inputs(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The residual stream x [num_tokens, hidden] -> rotated q, k and v."""
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def attention_outputs(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """x [num_tokens, hidden] and the attention's output [num_tokens, heads, head_dim] -> the next x."""
+        x = x + self.self_attn.o_proj(attended.flatten(1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -145,13 +160,24 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+        self.attention_inputs = DecoderLayer.attention_inputs  # compile_layers() swaps in compiled versions
+        self.attention_outputs = DecoderLayer.attention_outputs
+
+    def compile_layers(self) -> None:
+        """Compile the two pieces of a decoder layer once for every layer (a layer's weights are inputs of
+        the graph, not constants) and for every token count (dynamic shapes)."""
+        self.attention_inputs = torch.compile(DecoderLayer.attention_inputs, dynamic=True)
+        self.attention_outputs = torch.compile(DecoderLayer.attention_outputs, dynamic=True)
 
     def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool) -> torch.Tensor:
         # input_ids: [num_tokens] (every sequence's new tokens, end to end) -> [num_tokens, hidden]
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(metadata.positions)
         for layer in self.layers:
-            x = layer(x, cos, sin, metadata, kv_pool)
+            q, k, v = self.attention_inputs(layer, x, cos, sin)
+            with record_function("rosellm.attention"):  # a label for torch.profiler (benchmarks' profile)
+                attended = layer.self_attn.attend(q, k, v, metadata, kv_pool)
+            x = self.attention_outputs(layer, x, attended)
         return self.norm(x)
 
 

@@ -7,6 +7,7 @@ batch's tensors; the model itself only ever sees those tensors.
 
 import torch
 
+from . import packed_linear
 from .attention_backend import get_attention_backend
 from .attention_metadata import AttentionMetadata
 from .kv_pool import KVPool
@@ -16,12 +17,21 @@ from .scheduler import SchedulerOutput
 
 class ModelRunner:
     def __init__(
-        self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, attention_backend: str | None = None
+        self,
+        model=None,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        attention_backend: str | None = None,
+        enforce_eager: bool = False,
     ):
         self.device = torch.device(device)
-        self.attention_backend = get_attention_backend(attention_backend, self.device)
+        self.enforce_eager = enforce_eager
+        self.attention_backend = get_attention_backend(attention_backend, self.device, enforce_eager)
         self.model, self.tokenizer = load_model(model, self.device, dtype)
         self.model.set_attention_backend(self.attention_backend)
+        packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
+        if not enforce_eager:
+            self.model.model.compile_layers()
         self.config = self.model.config
         self.dtype = self.model.lm_head.weight.dtype
         self.kv_pool: KVPool | None = None
@@ -33,6 +43,29 @@ class ModelRunner:
     def allocate_kv_pool(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         self.kv_pool = KVPool(self.config, num_blocks, block_size, self.dtype, self.device)
         self.max_blocks_per_seq = -(-max_model_len // block_size)  # the width of a block table
+        if not self.enforce_eager:
+            self.warm_up()
+
+    # (decoding sequences, blocks each): batch and table width 1 or more than 1 (torch.compile specializes
+    # sizes 0 and 1 and makes the others symbolic), so that every graph is compiled before the first request
+    WARM_UP_SHAPES = ((2, 2), (1, 1), (1, 2), (2, 1))
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Compile now: run one decode forward per shape of WARM_UP_SHAPES on block 0, storing nothing
+        (slot -1), so that no request ever waits for torch.compile."""
+        block_size = self.kv_pool.block_size
+        for batch, blocks in self.WARM_UP_SHAPES:
+            if blocks > self.max_blocks_per_seq:
+                continue
+            tables = torch.full((batch, self.max_blocks_per_seq), -1, dtype=torch.int32)
+            tables[:, :blocks] = 0
+            seq_len = (blocks - 1) * block_size + 1
+            metadata = AttentionMetadata.build([1] * batch, [seq_len] * batch, tables, block_size, self.device)
+            metadata.slot_mapping.fill_(-1)
+            self.attention_backend.begin_forward(metadata, block_size)
+            hidden = self.model(torch.zeros(batch, dtype=torch.long, device=self.device), metadata, self.kv_pool)
+            self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def forward(self, plan: SchedulerOutput) -> torch.Tensor:

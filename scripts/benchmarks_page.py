@@ -272,11 +272,11 @@ def block_profile() -> str:
     top = ", ".join(
         f"**{p['part']}** ({pct(p['share'], 0)}, {num(p['ms_per_step'], 0)} ms per step)" for p in parts[:3]
     )
-    which = f"its first {profile['requests']} requests" if profile.get("requests") else "the same workload"
     return (
-        f"A second rosellm run of {which} with every part of `LLMEngine.step` timed: "
-        f"{profile['steps']} steps, {num(profile['step_total_s'])} s ({profile['tokens']:,} tokens). "
-        f"The three largest costs: {top}.\n\n" + table(["part", "seconds", "share of step time", "ms per step"], rows)
+        f"A second rosellm run of the same workload, `torch.profiler` recording one step in {profile['every']} "
+        f"({profile['sampled_steps']} of its {profile['steps']} steps, {num(profile['sampled_s'])} s), each split by "
+        f"the engine's labels. The three largest costs: {top}.\n\n"
+        + table(["part", "seconds", "share of step time", "ms per step"], rows)
     )
 
 

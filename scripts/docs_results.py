@@ -10,6 +10,8 @@ A line of its own in a page
     <!-- measured: long-prompts FILE.json -->                  decode latency and long prompts' TTFT, chunking off / on
     <!-- measured: prefix FILE.json -->                        prompt tokens computed, TTFT, tok/s: caching on / off
     <!-- measured: serve FILE.json -->                         the server under Poisson arrivals: latency, goodput
+    <!-- measured: cpu-ablation FILE.json -->                  chapter 11's speed-ups one at a time, profiles
+    <!-- measured: cpu-peers OFFLINE.json LATENCY.json -->      rosellm against its peers: offline and batch 1
     <!-- measured: chapter-row NN -->                          chapter NN's row of the `chapters` workload
 
 is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
@@ -329,6 +331,78 @@ def server_load_lines(result: dict) -> str:
     return run_line(result, own) + ("".join(f"*Note: {p}.*\n" for p in peers) if peers else "")
 
 
+def block_cpu_ablation(results: Path, name: str) -> str:
+    result = load(results, name)
+    s, steps = result["settings"], result["steps"]
+    rows = [
+        [
+            r["label"],
+            ", ".join(f"`{k}={v!r}`" for k, v in r["options"].items()) or "defaults",
+            f"**{r['output_tokens_per_s']:.1f}**",
+            f"{r['speedup']:.2f}×",
+            "yes" if r["same_tokens"] else "**no**",
+        ]
+        for r in steps
+    ]
+    out = table(["step", "engine options", "output tokens/s", "× chapter 10", "same tokens"], rows) + "\n"
+    profiled = [r for r in steps if r.get("profile")]
+    parts = [p["part"] for p in profiled[0]["profile"]["parts"]] if profiled else []
+    profile_rows = [
+        [part.replace("_", " ")]
+        + [
+            f"{p['ms_per_step']:.1f} ms ({100 * p['share']:.0f} %)"
+            for r in profiled
+            for p in r["profile"]["parts"]
+            if p["part"] == part
+        ]
+        for part in parts
+    ]
+    if profiled:
+        first = profiled[0]["profile"]
+        out += (
+            f"Where a step's time goes, from `torch.profiler` recording one step in {first['every']} of a second "
+            f"run of the same requests (milliseconds per recorded step, and share of their time):\n\n"
+            + table(["part"] + [r["label"] for r in profiled], profile_rows)
+            + "\n"
+        )
+    return (
+        out + f"{s['requests']} requests (prompts of {s['prompt_len'][0]}-{s['prompt_len'][1]} tokens, "
+        f"{s['max_tokens'][0]}-{s['max_tokens'][1]} new tokens, greedy), `max_num_seqs={s['max_num_seqs']}`, "
+        f"`max_num_batched_tokens={s['max_batch_tokens']}`; every step's greedy tokens equal chapter 10's: "
+        f"{'yes' if result['correct'] else '**no**'}.\n\n" + run_line(result)
+    )
+
+
+def block_cpu_peers(results: Path, offline_name: str, latency_name: str) -> str:
+    offline, latency = load(results, offline_name), load(results, latency_name)
+    batch_one = {r["engine"]: r for r in latency["engines"] if "error" not in r}
+    rows = []
+    for r in (r for r in offline["engines"] if "error" not in r):
+        one = batch_one.get(r["engine"], {})
+        rows.append(
+            [
+                r["label"],
+                f"**{r['output_tokens_per_s']:.1f}**",
+                f"{r['rosellm_ratio']:.2f}×",
+                f"{100 * r['share_of_roofline_work']:.0f} %",
+                f"{one['tpot_ms']['median'] if isinstance(one.get('tpot_ms'), dict) else one.get('tpot_ms', 0):.1f}"
+                if one
+                else "–",
+                f"{100 * one['share_of_bandwidth_roofline']:.0f} %" if one.get("share_of_bandwidth_roofline") else "–",
+            ]
+        )
+    headings = ["engine", "offline-cpu output tok/s", "rosellm is", "of the GEMM rate", "batch-1 ms/token"]
+    gemm, bandwidth = offline["roofline"]["gemm_flops"] / 1e9, latency["roofline"]["bandwidth_bytes_per_s"] / 1e9
+    return (
+        table(headings + ["of the bandwidth roofline"], rows)
+        + "\n"
+        + f"offline-cpu: {offline['settings']['requests']} requests, all submitted at once; the dense work the "
+        f"workload needs per second against the measured GEMM rate ({gemm:.0f} GFLOP/s). latency-cpu: one "
+        f"request decoding alone; its decode tokens/s against reading the weights once per token at the measured "
+        f"bandwidth ({bandwidth:.0f} GB/s).\n\n" + run_line(offline) + "\n" + run_line(latency)
+    )
+
+
 def block_chapter_row(results: Path, number: str) -> str:
     result = load(results, "chapters.json")
     rows = {row["chapter"]: row for row in result["chapters"]}
@@ -360,5 +434,7 @@ BLOCKS = {
     "long-prompts": block_long_prompts,
     "prefix": block_prefix,
     "serve": block_serve,
+    "cpu-ablation": block_cpu_ablation,
+    "cpu-peers": block_cpu_peers,
     "chapter-row": block_chapter_row,
 }

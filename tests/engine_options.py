@@ -4,3 +4,16 @@
 def no_prefix_caching(checkpoint) -> dict:
     """From chapter 09 on, prefix caching turned off: a freed block is forgotten at once, as before."""
     return {"enable_prefix_caching": False} if "prefix_caching" in checkpoint.__capabilities__ else {}
+
+
+def default_cpu_backend(checkpoint) -> str:
+    """The attention backend an engine on CPU gets by default: from chapter 11 on, "cpu" (decode rows read
+    the pool in place, compiled); before, "torch"."""
+    return "cpu" if "compiled" in checkpoint.__capabilities__ else "torch"
+
+
+def logits_tolerance(checkpoint) -> dict:
+    """How close a checkpoint's fp32 logits stay to transformers': atol 1e-4 until chapter 10; from chapter 11
+    on, fused and oneDNN-packed GEMMs and compiled reductions add up fp32 sums in another order, so the
+    tolerance also grows with the logit's size (rtol 2e-5: 2e-4 more on a logit of 10)."""
+    return {"atol": 1e-4, "rtol": 2e-5 if "compiled" in checkpoint.__capabilities__ else 0.0}

@@ -1,12 +1,11 @@
-"""Our Llama equals transformers' LlamaForCausalLM, logit for logit (fp32, atol 1e-4)."""
+"""Our Llama equals transformers' LlamaForCausalLM, logit for logit (fp32, atol 1e-4; see `logits_tolerance`)."""
 
 import pytest
 import torch
 
+from tests.engine_options import logits_tolerance
 from tests.oracle import hf_logits
 from tests.tiny_models import TINY_CONFIGS
-
-ATOL = 1e-4
 
 
 @pytest.mark.parametrize("name", list(TINY_CONFIGS))
@@ -19,7 +18,7 @@ def test_tiny_logits_match_transformers(checkpoint, tiny_model_dirs, tiny_hf_mod
     ours = llm.prompt_logits(token_ids)
     theirs = hf_logits(tiny_hf_models[name], token_ids)
     assert ours.shape == theirs.shape == (seq_len, llm.model.config.vocab_size)
-    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ours, theirs, **logits_tolerance(checkpoint))
 
 
 def test_llama3_rope_scaling_is_exercised(checkpoint, tiny_model_dirs):
@@ -43,12 +42,12 @@ def test_undo_rope_permutation_inverts_the_gguf_layout(checkpoint):
 
 
 @pytest.mark.model
-def test_smollm2_logits_match_transformers_reading_the_same_gguf(smollm2_llm, smollm2_hf):
+def test_smollm2_logits_match_transformers_reading_the_same_gguf(checkpoint, smollm2_llm, smollm2_hf):
     prompt = "The capital of France is Paris, and the capital of Germany is"
     token_ids = smollm2_llm.tokenizer.encode(prompt)
     ours = smollm2_llm.prompt_logits(token_ids)
     theirs = hf_logits(smollm2_hf, token_ids)
-    torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ours, theirs, **logits_tolerance(checkpoint))
     config = smollm2_llm.model.config
     assert (config.num_hidden_layers, config.hidden_size, config.num_key_value_heads) == (30, 576, 3)
     assert config.tie_word_embeddings

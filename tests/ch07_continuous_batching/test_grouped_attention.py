@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.ch05_paged_attention.paged_data import dense_attention, make_problem
+from tests.engine_options import default_cpu_backend
 
 # A step of continuous batching: short and long decodes beside new prompts, one with a cached prefix.
 MIXED_STEP = ([3, 200, 210, 17, 150, 5, 64], [1, 1, 1, 1, 150, 5, 40])
@@ -95,5 +96,5 @@ def test_buffers_work_inside_and_outside_inference_mode(checkpoint):
 
 def test_each_engine_has_its_own_backend(checkpoint, tiny_model_dirs):
     first, second = (checkpoint.LLMEngine(str(tiny_model_dirs["gqa"])) for _ in range(2))
-    assert first.model_runner.attention_backend.name == "torch"
+    assert first.model_runner.attention_backend.name == default_cpu_backend(checkpoint)
     assert first.model_runner.attention_backend is not second.model_runner.attention_backend

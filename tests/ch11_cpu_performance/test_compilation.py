@@ -1,0 +1,49 @@
+"""torch.compile happens a bounded number of times, never once per batch shape; `enforce_eager` turns it off."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+pytestmark = pytest.mark.requires("compiled")
+
+
+def compiled_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def serve_batches(llm, checkpoint, sizes, prompt_len, seed):
+    """Batches of `sizes` requests with prompts of ragged lengths around prompt_len: new token counts per step,
+    batch sizes and table widths all change from step to step."""
+    for size in sizes:
+        prompts = [[(seed + 7 * i + j) % 300 + 3 for j in range(prompt_len + 5 * i)] for i in range(size)]
+        params = [checkpoint.SamplingParams(temperature=0, max_tokens=3 + i, ignore_eos=True) for i in range(size)]
+        llm.generate(prompts, params, use_tqdm=False)
+
+
+def test_the_engine_compiles_at_start_and_never_again(checkpoint, tiny_model_dirs):
+    torch._dynamo.reset()  # count this engine's compilations from zero
+    start = compiled_graphs()
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=4, max_num_batched_tokens=64)
+    at_start = compiled_graphs() - start
+    # The two halves of a decoder layer for one token and for any number (sizes 0 and 1 are specialized, the
+    # others symbolic); the decode kernel for batch and table width each 1 or more.
+    assert 4 <= at_start <= 8, at_start
+    serve_batches(llm, checkpoint, [1, 2, 5], prompt_len=3, seed=0)
+    serve_batches(llm, checkpoint, [3, 7, 4, 6, 1], prompt_len=9, seed=50)
+    assert compiled_graphs() - start == at_start  # batch sizes, token counts, table widths: no new graph
+
+
+def test_enforce_eager_compiles_nothing(checkpoint, tiny_model_dirs):
+    llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), enforce_eager=True)
+    runner = llm.llm_engine.model_runner
+    assert runner.attention_backend.name == "torch"
+    layers = llm.model.model
+    assert layers.attention_inputs is type(layers.layers[0]).attention_inputs
+    start = compiled_graphs()
+    llm.generate([[5, 6, 7], [8, 9]], checkpoint.SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert compiled_graphs() == start
+
+
+def test_enforce_eager_is_checked(checkpoint, tiny_model_dirs):
+    with pytest.raises(ValueError, match="enforce_eager must be True or False"):
+        checkpoint.LLM(str(tiny_model_dirs["gqa"]), enforce_eager="yes")
