@@ -13,6 +13,8 @@ engine's labels) on one step in `profile_every` of a second run.
     python -m benchmarks cpu-ablation [--quick]
 """
 
+import textwrap
+
 import chapters
 
 from . import harness
@@ -80,7 +82,7 @@ def plot(result: dict, path) -> None:
     rows = [r for r in result["steps"] if r.get("output_tokens_per_s")]
     bars = left.bar(range(len(rows)), [r["output_tokens_per_s"] for r in rows], color="tab:red")
     left.bar_label(bars, [f"{r['output_tokens_per_s']:.0f}\n{r['speedup']:.2f}x" for r in rows], fontsize=8)
-    left.set_xticks(range(len(rows)), [r["label"].replace(" (", "\n(") for r in rows], fontsize=7)
+    left.set_xticks(range(len(rows)), [textwrap.fill(r["label"], 18) for r in rows], fontsize=7)
     left.set(ylabel="output tokens/s", ylim=(0, max(r["output_tokens_per_s"] for r in rows) * 1.3))
     left.set_title("offline-cpu requests, one step at a time", fontsize=9)
     profiled = [r for r in rows if r.get("profile")]

@@ -14,6 +14,9 @@ def default_cpu_backend(checkpoint) -> str:
 
 def logits_tolerance(checkpoint) -> dict:
     """How close a checkpoint's fp32 logits stay to transformers': atol 1e-4 until chapter 10; from chapter 11
-    on, fused and oneDNN-packed GEMMs and compiled reductions add up fp32 sums in another order, so the
-    tolerance also grows with the logit's size (rtol 2e-5: 2e-4 more on a logit of 10)."""
-    return {"atol": 1e-4, "rtol": 2e-5 if "compiled" in checkpoint.__capabilities__ else 0.0}
+    on, fused and oneDNN-packed GEMMs and compiled reductions add up fp32 sums in another order over 30
+    layers: atol 2e-4, and a tolerance that grows with the logit's size (rtol 2e-5: 2e-4 more on a logit of
+    10). Greedy tokens stay exactly equal."""
+    if "compiled" in checkpoint.__capabilities__:
+        return {"atol": 2e-4, "rtol": 2e-5}
+    return {"atol": 1e-4, "rtol": 0.0}

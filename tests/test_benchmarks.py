@@ -122,6 +122,7 @@ CHAPTER_WORKLOADS = {
     "batch-throughput": [],
     "paged-vs-padded": [],
     "arrivals": [],
+    "cpu-ablation": [],
 }
 
 
@@ -132,6 +133,10 @@ def test_chapter_workload_quick(workload, tiny_gqa, tmp_path):
     result = run_quick(workload, tiny_gqa, tmp_path, *CHAPTER_WORKLOADS[workload])
     if workload == "arrivals":
         assert result["requests_with_identical_tokens"] == "6/6"
+    if workload == "cpu-ablation":
+        assert result["correct"] and [row["speedup"] > 0 for row in result["steps"]] == [True] * 4
+        profiled = [row["profile"] for row in result["steps"] if row.get("profile")]
+        assert len(profiled) == 2 and all(p["sampled_steps"] >= 1 for p in profiled)
     if workload == "paged-vs-padded":
         kv = result["kv_use"]
         assert 0 < kv["ch05"]["pool_blocks_in_use"]["mean_share_over_steps"] <= 1

@@ -75,13 +75,23 @@ def test_fast_logits_within_tolerance_of_transformers(checkpoint, tiny_model_dir
 
 @pytest.mark.model
 def test_smollm2_fast_path_equals_transformers(checkpoint, smollm2_llm, smollm2_hf):
-    """Batched decode on the fast path: every greedy token equal, prompt logits within tolerance."""
+    """A batch of chat prompts on the fast path (checked to be the one running): every greedy token equal to
+    transformers', and one prompt's logits within the tolerance. (Chapter 03's questions: transformers'
+    answers are computed once for both tests.)"""
+    runner = smollm2_llm.llm_engine.model_runner
+    assert runner.attention_backend.name == "cpu" and not runner.enforce_eager
+    assert isinstance(smollm2_llm.model.lm_head, checkpoint.packed_linear.PackedLinear)
     tokenizer = smollm2_llm.tokenizer
-    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
-    prompts = [tokenizer.encode(t) for t in texts]
-    params = checkpoint.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outs = smollm2_llm.generate(prompts, params, use_tqdm=False)
-    for ids, out in zip(prompts, outs):
-        assert list(out.token_ids) == hf_greedy(smollm2_hf, ids, 24)
-    logits = smollm2_llm.prompt_logits(prompts[2])
-    torch.testing.assert_close(logits, hf_logits(smollm2_hf, prompts[2]), **logits_tolerance(checkpoint))
+    questions = ["What is the capital of France?", "Name a color.", "Why is the sky blue? Answer briefly."]
+    questions += ["Count from one to five.", "What is 2 + 2?"]
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
+    outputs = smollm2_llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
+    for output in outputs:
+        assert output.token_ids == hf_greedy(smollm2_hf, output.prompt_token_ids, 32)
+    ids = outputs[2].prompt_token_ids
+    torch.testing.assert_close(
+        smollm2_llm.prompt_logits(ids), hf_logits(smollm2_hf, ids), **logits_tolerance(checkpoint)
+    )
