@@ -79,11 +79,10 @@ def fuse_projections(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Hugging Face's separate q/k/v and gate/up weights (and biases) -> our fused ones, their rows
     concatenated in that order: one [out_q + out_k + out_v, hidden] matrix does the three GEMMs' work."""
     state = dict(state)
-    for name in [n for n in state if ".self_attn.q_proj." in n or ".mlp.gate_proj." in n]:
-        for fused, parts in FUSED_PROJECTIONS.items():
-            if f".{parts[0]}." in name:
-                names = [name.replace(f".{parts[0]}.", f".{part}.") for part in parts]
-                state[name.replace(f".{parts[0]}.", f".{fused}.")] = torch.cat([state.pop(n) for n in names])
+    for fused, (first, *rest) in FUSED_PROJECTIONS.items():
+        for name in [n for n in state if f".{first}." in n]:  # e.g. model.layers.3.self_attn.q_proj.weight
+            parts = [name.replace(first, part) for part in (first, *rest)]
+            state[name.replace(first, fused)] = torch.cat([state.pop(part) for part in parts])
     return state
 
 
