@@ -1,0 +1,65 @@
+"""Which functions write and read the paged KV pool: a backend.
+
+Every backend has the same three methods:
+    begin_forward(metadata, block_size)   plan one forward (once, before its first layer)
+    store_kv(key, value, key_cache, value_cache, slot_mapping)
+    paged_attention(query, key_cache, value_cache, metadata) -> output
+
+    "reference"  chapter 05's plain PyTorch: the one every other backend is checked against
+    "torch"      chapter 07's PyTorch by row groups, fast on mixed steps (the default off CUDA in eager mode)
+    "cpu"        chapter 11's: "torch", but decode rows read the pool in place, compiled (the default off CUDA)
+    "triton"     chapter 06's kernels (the default on CUDA)
+"""
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import paged_attention
+from .cpu_attention import CpuAttentionBackend
+from .grouped_attention import GroupedAttentionBackend
+
+BACKENDS = ("reference", "torch", "cpu", "triton")
+
+
+@dataclass(frozen=True)
+class StatelessBackend:
+    """A backend made of two functions, with nothing to plan."""
+
+    name: str
+    store_kv: Callable
+    paged_attention: Callable
+
+    def begin_forward(self, metadata, block_size: int) -> None:
+        pass
+
+
+REFERENCE_BACKEND = StatelessBackend("reference", paged_attention.store_kv, paged_attention.paged_attention)
+
+
+def get_attention_backend(name: str | None, device: torch.device | str, enforce_eager: bool = False):
+    """name: one of BACKENDS, or None ("triton" on CUDA; elsewhere "cpu", or "torch" when `enforce_eager`
+    asks for nothing compiled). A new backend each call: a backend may keep buffers and a plan, so each
+    model has its own."""
+    device = torch.device(device)
+    if name is None:
+        name = "triton" if device.type == "cuda" else "torch" if enforce_eager else "cpu"
+    if name not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {BACKENDS} or None, got {name!r}")
+    if name == "reference":
+        return REFERENCE_BACKEND
+    if name == "torch":
+        return GroupedAttentionBackend()
+    if name == "cpu":
+        return CpuAttentionBackend()
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f'attention_backend="triton" on device {device.type!r} runs only in Triton\'s interpreter: set '
+            "TRITON_INTERPRET=1 in the environment before rosellm's kernels are imported (it is slow: for "
+            'tests and learning), or use attention_backend="torch"'
+        )
+    from . import kernels  # imports Triton: only when it is asked for
+
+    return StatelessBackend("triton", kernels.store_kv, kernels.paged_attention)
