@@ -107,7 +107,7 @@ def decode_sweep(engine, batch_sizes: list[int], prompt_len: int, steps: int) ->
     return points
 
 
-GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "rosellm::packed_linear")
+GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")  # and any "<package>::packed_linear"
 ATTENTION = ("rosellm.attention", "scaled_dot_product", "index", "gather", "scatter")  # the label, or SDPA and KV reads
 PHASES = ("schedule", "forward", "lm_head", "sample", "commit")
 
@@ -116,7 +116,9 @@ def profile_kind(event) -> str | None:
     """ "gemm" or "attention" for the outermost such event inside the engine's forward, else None."""
 
     def kind(name):
-        return "gemm" if name in GEMM else "attention" if any(a in name for a in ATTENTION) else None
+        if name in GEMM or name.endswith("::packed_linear"):
+            return "gemm"
+        return "attention" if any(a in name for a in ATTENTION) else None
 
     if kind(event.name) is None:
         return None

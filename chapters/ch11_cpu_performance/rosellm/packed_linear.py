@@ -26,7 +26,12 @@ def pack_weight(weight: torch.Tensor) -> None:
     weakref.finalize(weight, _packed.pop, key, None)
 
 
-@torch.library.custom_op("rosellm::packed_linear", mutates_args=())
+# One operator per copy of the package: the frozen chapters beside `rosellm` each register their own
+# (`rosellm::packed_linear`, `chapters_ch11_cpu_performance_rosellm::packed_linear`, ...).
+OPERATOR = f"{__package__.replace('.', '_')}::packed_linear"
+
+
+@torch.library.custom_op(OPERATOR, mutates_args=())
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias with the packed copy of `weight`: x [rows, in] -> [rows, out]."""
     return torch.ops.mkldnn._linear_pointwise(x, _packed[weight.data_ptr()], bias, "none", [], "")
