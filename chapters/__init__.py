@@ -45,6 +45,7 @@ CAPABILITIES = {
     "preemption": "a scheduler with waiting and running queues and budgets, which preempts by recomputation",
     "serving": "an async engine loop, stop strings, an OpenAI-compatible server (`python -m rosellm serve`)",
     "compiled": "fused QKV and gate-up, decoder layers compiled by torch.compile (`enforce_eager` turns it off)",
+    "tensor_parallel": "`tensor_parallel_size`: each layer split over processes (rank 0 runs the engine)",
 }
 
 

@@ -6,7 +6,7 @@ from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "11_cpu_performance"
+__chapter__ = "12_tensor_parallel"
 __capabilities__ = frozenset(
     {
         "kv_cache",
@@ -22,6 +22,7 @@ __capabilities__ = frozenset(
         "parallel_sampling",
         "serving",
         "compiled",
+        "tensor_parallel",
     }
 )
 __all__ = ["CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

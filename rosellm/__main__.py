@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="never torch.compile (from chapter 11): starts in seconds, runs slower",
         )
+        p.add_argument(
+            "--tensor-parallel-size",
+            type=at_least(1, int),
+            default=1,
+            help="processes that split each layer between them (from chapter 12)",
+        )
     for p in (gen, demo):
         p.add_argument("--max-tokens", type=at_least(1, int), default=128, help="most tokens to generate")
         p.add_argument("--temperature", type=at_least(0, float), default=0.0, help="sampling temperature; 0 is greedy")
@@ -172,6 +178,11 @@ def engine_package(args) -> tuple[object, frozenset[str] | None]:
         raise BadOption(
             f"--enforce-eager: chapter {chosen.number:02d} compiles nothing (compilation arrives in chapter 11)"
         )
+    if args.tensor_parallel_size > 1 and "tensor_parallel" not in chosen.capabilities:
+        raise BadOption(
+            f"--tensor-parallel-size: chapter {chosen.number:02d} runs in one process "
+            "(tensor parallelism arrives in chapter 12)"
+        )
     if args.attention_backend is not None and "triton_kernels" not in chosen.capabilities:
         raise BadOption(
             f"--attention-backend: chapter {chosen.number:02d} has a single attention path "
@@ -187,6 +198,8 @@ def engine_options(args, capabilities: frozenset[str] | None) -> dict:
         options["attention_backend"] = args.attention_backend
     if args.enforce_eager:
         options["enforce_eager"] = True
+    if args.tensor_parallel_size > 1:
+        options["tensor_parallel_size"] = args.tensor_parallel_size
     return options
 
 

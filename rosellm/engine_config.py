@@ -23,6 +23,8 @@ class EngineConfig:
     enable_chunked_prefill: split prompts longer than what a step's budget has left over several steps
     enable_prefix_caching:  remember full KV blocks by the hash of their tokens; a prompt starting with
                             remembered blocks reuses them instead of computing them again
+    tensor_parallel_size:   processes that split each layer between them (tensor_parallel.py); with more
+                            than one, `kv_cache_memory` is each rank's
     """
 
     max_model_len: int | None = None
@@ -36,6 +38,7 @@ class EngineConfig:
     enforce_eager: bool = False
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         for name in (
@@ -45,6 +48,7 @@ class EngineConfig:
             "block_size",
             "num_kv_blocks",
             "kv_cache_memory",
+            "tensor_parallel_size",
         ):
             value = getattr(self, name)
             if value is None and name in ("max_model_len", "max_num_batched_tokens", "num_kv_blocks"):

@@ -18,6 +18,7 @@ from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput
+from .parallel_runner import TensorParallelRunner
 from .sampling import SamplingParams, make_generators, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
@@ -61,7 +62,19 @@ class LLMEngine:
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
         self.config = config = EngineConfig(**engine_options)
-        self.model_runner = ModelRunner(model, device, dtype, config.attention_backend, config.enforce_eager)
+        runner_args = (model, device, dtype, config.attention_backend, config.enforce_eager)
+        if config.tensor_parallel_size > 1:  # this process becomes rank 0 of tensor_parallel_size
+            self.model_runner = TensorParallelRunner(*runner_args, config.tensor_parallel_size)
+        else:
+            self.model_runner = ModelRunner(*runner_args)
+        try:
+            self._build(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: EngineConfig) -> None:
+        """Everything beside the model: limits, the block manager, the KV pool, the scheduler."""
         self.model, self.tokenizer = self.model_runner.model, self.model_runner.tokenizer
         context = self.model.config.max_position_embeddings
         self.max_model_len = config.max_model_len or context
@@ -124,6 +137,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def close(self) -> None:
+        """Let the model runner go: with tensor parallelism, its worker processes stop."""
+        self.model_runner.close()
+
     # --- one step -------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -160,7 +177,8 @@ class LLMEngine:
         what they changed outside the bookkeeping: the blocks they overwrote that a rolled-back engine
         may read again, and the random streams."""
         overwritten = self.scheduler.overwritten_blocks(plan)
-        saved_blocks = self.model_runner.save_blocks(overwritten) if overwritten else None
+        if overwritten:
+            self.model_runner.save_blocks(overwritten)
         generators = [state.generators[index] for state, index, _ in draws]
         saved_streams = [(g, g.get_state()) for g in generators if g is not None]
         try:
@@ -174,8 +192,8 @@ class LLMEngine:
             with record_function("rosellm.sample"):
                 return sample_batch(logits, [state.seqs[0].params for state, _, _ in draws], generators)
         except BaseException:
-            if saved_blocks is not None:
-                self.model_runner.restore_blocks(overwritten, saved_blocks)
+            if overwritten:
+                self.model_runner.restore_blocks()
             for generator, state in saved_streams:
                 generator.set_state(state)
             raise

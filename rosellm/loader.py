@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from . import tensor_parallel
 from .config import ModelConfig
 from .model import LlamaForCausalLM
 
@@ -43,8 +44,9 @@ def resolve_model_folder(model: str | os.PathLike | None) -> Path:
     return path
 
 
-def load_model(model=None, device: str = "cpu", dtype: torch.dtype | None = None):
-    """Returns (LlamaForCausalLM in eval mode on `device`, tokenizer)."""
+def load_model(model=None, device: str = "cpu", dtype: torch.dtype | None = None, rank: int = 0, size: int = 1):
+    """Returns (LlamaForCausalLM in eval mode on `device`, tokenizer): the whole model, or with `size` > 1
+    the slice of tensor-parallel rank `rank` (tensor_parallel.py), whose config counts the rank's heads."""
     folder = resolve_model_folder(model)
     config = ModelConfig.from_json(folder / "config.json")
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
@@ -53,9 +55,11 @@ def load_model(model=None, device: str = "cpu", dtype: torch.dtype | None = None
         state.update(load_file(file, device=str(device)))
     if not state:
         raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+    if size > 1:
+        state = tensor_parallel.shard_weights(state, config, rank, size)
     # Build on the meta device (no time spent on random init), then adopt the loaded tensors.
     with torch.device("meta"):
-        net = LlamaForCausalLM(config)
+        net = LlamaForCausalLM(tensor_parallel.rank_config(config, size))
     state = fuse_projections({name: t.to(dtype) for name, t in state.items()})
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)

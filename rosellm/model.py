@@ -8,6 +8,9 @@ loader concatenates the Hugging Face weights (`fuse_projections`).
 Each decoder layer is two pieces around its attention: `attention_inputs` (norm, QKV, rotary) and
 `attention_outputs` (output projection, residual, norm, MLP, residual). `compile_layers()` hands both to
 `torch.compile`; attention, which reads the KV pool through block tables, stays with its backend.
+
+With tensor parallelism each process holds one rank's slice (fewer heads, a narrower MLP: its config says
+how many) and the two row-parallel projections, `o_proj` and `down_proj`, are followed by an all-reduce.
 """
 
 import math
@@ -21,6 +24,7 @@ from .attention_backend import REFERENCE_BACKEND
 from .attention_metadata import AttentionMetadata
 from .config import ModelConfig
 from .kv_pool import KVPool
+from .tensor_parallel import all_reduce
 
 
 class RMSNorm(nn.Module):
@@ -128,7 +132,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [num_tokens, inner] each
-        return self.down_proj(F.silu(gate) * up)
+        return all_reduce(self.down_proj(F.silu(gate) * up))  # with tensor parallelism: the ranks' partial sums
 
 
 class DecoderLayer(nn.Module):
@@ -147,7 +151,7 @@ class DecoderLayer(nn.Module):
 
     def attention_outputs(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] and the attention's output [num_tokens, heads, head_dim] -> the next x."""
-        x = x + self.self_attn.o_proj(attended.flatten(1))
+        x = x + all_reduce(self.self_attn.o_proj(attended.flatten(1)))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

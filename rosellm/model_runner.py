@@ -5,6 +5,8 @@ scheduled sequences hold (their new tokens, how many are computed, their block t
 batch's tensors; the model itself only ever sees those tensors.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from . import packed_linear
@@ -15,7 +17,19 @@ from .loader import load_model
 from .scheduler import SchedulerOutput
 
 
+@dataclass
+class StepInputs:
+    """A step's batch as plain lists: what a tensor-parallel rank 0 sends the other ranks each step."""
+
+    token_ids: list[int]  # every sequence's new tokens, end to end
+    num_new_tokens: list[int]  # per sequence
+    seq_lens: list[int]  # per sequence: cached + new tokens
+    block_tables: list[list[int]]  # per sequence: its blocks, in order
+
+
 class ModelRunner:
+    """One process's model: the whole model, or the slice of tensor-parallel rank `rank` of `size`."""
+
     def __init__(
         self,
         model=None,
@@ -23,11 +37,13 @@ class ModelRunner:
         dtype: torch.dtype | None = None,
         attention_backend: str | None = None,
         enforce_eager: bool = False,
+        rank: int = 0,
+        size: int = 1,
     ):
         self.device = torch.device(device)
         self.enforce_eager = enforce_eager
         self.attention_backend = get_attention_backend(attention_backend, self.device, enforce_eager)
-        self.model, self.tokenizer = load_model(model, self.device, dtype)
+        self.model, self.tokenizer = load_model(model, self.device, dtype, rank, size)
         self.model.set_attention_backend(self.attention_backend)
         packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
         if not enforce_eager:
@@ -35,6 +51,7 @@ class ModelRunner:
         self.config = self.model.config
         self.dtype = self.model.lm_head.weight.dtype
         self.kv_pool: KVPool | None = None
+        self.saved_blocks: tuple[list[int], torch.Tensor, torch.Tensor] | None = None  # see save_blocks
         self.max_blocks_per_seq = 0
 
     def bytes_per_token(self) -> int:
@@ -67,21 +84,32 @@ class ModelRunner:
             hidden = self.model(torch.zeros(batch, dtype=torch.long, device=self.device), metadata, self.kv_pool)
             self.model.compute_logits(hidden)
 
-    @torch.inference_mode()
     def forward(self, plan: SchedulerOutput) -> torch.Tensor:
         """Run every scheduled sequence's new tokens in one forward; their keys and values go into the pool.
         Returns hidden states [num_tokens, hidden], sequences end to end."""
-        new_tokens, seq_lens, tables = [], [], []
+        return self.run(self.step_inputs(plan))
+
+    @staticmethod
+    def step_inputs(plan: SchedulerOutput) -> StepInputs:
+        """What the forward reads from the scheduled sequences (the model never sees a sequence)."""
+        inputs = StepInputs([], list(plan.num_new_tokens), [], [])
         for seq, num_new in zip(plan.scheduled, plan.num_new_tokens):
             start = seq.num_computed_tokens
-            new_tokens.append(seq.token_ids[start : start + num_new])
-            seq_lens.append(start + num_new)
-            tables.append(seq.block_table + [-1] * (self.max_blocks_per_seq - len(seq.block_table)))
+            inputs.token_ids += seq.token_ids[start : start + num_new]
+            inputs.seq_lens.append(start + num_new)
+            inputs.block_tables.append(list(seq.block_table))
+        return inputs
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward of one step's batch -> hidden states [num_tokens, hidden]."""
+        width = self.max_blocks_per_seq
+        tables = [table + [-1] * (width - len(table)) for table in inputs.block_tables]
         block_tables = torch.tensor(tables, dtype=torch.int32)  # [batch, max_blocks_per_seq], -1: no block
         metadata = AttentionMetadata.build(
-            plan.num_new_tokens, seq_lens, block_tables, self.kv_pool.block_size, self.device
+            inputs.num_new_tokens, inputs.seq_lens, block_tables, self.kv_pool.block_size, self.device
         )
-        input_ids = torch.tensor([t for tokens in new_tokens for t in tokens], device=self.device)  # [num_tokens]
+        input_ids = torch.tensor(inputs.token_ids, device=self.device)  # [num_tokens]
         self.attention_backend.begin_forward(metadata, self.kv_pool.block_size)
         return self.model(input_ids, metadata, self.kv_pool)
 
@@ -98,10 +126,20 @@ class ModelRunner:
             self.kv_pool.keys[:, copy] = self.kv_pool.keys[:, source]
             self.kv_pool.values[:, copy] = self.kv_pool.values[:, source]
 
-    def save_blocks(self, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A copy of some blocks' keys and values in every layer: [layers, len(block_ids), ...] each."""
-        return self.kv_pool.keys[:, block_ids].clone(), self.kv_pool.values[:, block_ids].clone()
+    def save_blocks(self, block_ids: list[int]) -> None:
+        """Keep a copy of some blocks' keys and values in every layer, for `restore_blocks`."""
+        self.saved_blocks = (
+            block_ids,
+            self.kv_pool.keys[:, block_ids].clone(),
+            self.kv_pool.values[:, block_ids].clone(),
+        )
 
-    def restore_blocks(self, block_ids: list[int], saved: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.kv_pool.keys[:, block_ids] = saved[0]
-        self.kv_pool.values[:, block_ids] = saved[1]
+    def restore_blocks(self) -> None:
+        """Put back the blocks of the last `save_blocks`."""
+        block_ids, keys, values = self.saved_blocks
+        self.kv_pool.keys[:, block_ids] = keys
+        self.kv_pool.values[:, block_ids] = values
+
+    def close(self) -> None:
+        """Let the KV pool go (a tensor-parallel runner also stops its processes)."""
+        self.kv_pool = None

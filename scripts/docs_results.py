@@ -12,6 +12,8 @@ A line of its own in a page
     <!-- measured: serve FILE.json -->                         the server under Poisson arrivals: latency, goodput
     <!-- measured: cpu-ablation FILE.json -->                  chapter 11's speed-ups one at a time, profiles
     <!-- measured: cpu-peers OFFLINE.json LATENCY.json -->      rosellm against its peers: offline and batch 1
+    <!-- measured: tensor-parallel FILE.json -->               chapter 12: all-reduce and engine costs measured here
+    <!-- measured: tensor-parallel-model FILE.json -->         chapter 12: bytes and step times modelled at scale
     <!-- measured: chapter-row NN -->                          chapter NN's row of the `chapters` workload
 
 is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
@@ -426,6 +428,67 @@ def block_chapter_row(results: Path, number: str) -> str:
     )
 
 
+def block_tensor_parallel(results: Path, name: str) -> str:
+    """Measured: gloo all-reduce per message size, and the engine with 1 and N ranks."""
+    result = load(results, name)
+    runs = result["all_reduce"]
+    rows = [
+        [str(row["tokens"]), f"{row['bytes'] / 1024:.1f} KiB"]
+        + [f"{run['rows'][i]['median_us']:.0f} µs" for run in runs]
+        for i, row in enumerate(runs[0]["rows"])
+    ]
+    out = "**All-reduce on gloo, measured here** (median of each message size; a decode step of SmolLM2 does "
+    out += "60 of them per step, each of [tokens in the step, 576] fp32):\n\n"
+    out += table(["tokens", "message"] + [f"{run['ranks']} ranks" for run in runs], rows) + "\n"
+    rows = []
+    for e in result["engines"]:
+        share = f"{100 * e['all_reduce_share']:.0f} %" if e["all_reduce"]["calls"] else "—"
+        step = f"{e['all_reduce_ms_per_step']:.1f} ms" if e["all_reduce"]["calls"] else "—"
+        per_call = f"{e['all_reduce_us_per_call']:.0f} µs" if e["all_reduce"]["calls"] else "—"
+        per_token = f"{e['all_reduce_us_per_token']:.0f} µs" if e["all_reduce"]["calls"] else "—"
+        rows.append(
+            [str(e["ranks"]), f"**{e['output_tokens_per_s']:.1f}**", str(e["steps"]), share, step, per_call, per_token]
+            + ["yes" if e["same_tokens"] else "**no**"]
+        )
+    s = result["settings"]
+    out += (
+        f"**The engine, measured here** ({s['requests']} requests, prompts of {s['prompt_len'][0]}–"
+        f"{s['prompt_len'][1]} tokens, {s['max_tokens'][0]}–{s['max_tokens'][1]} new tokens each, greedy; "
+        "the time is rank 0's, inside its all-reduces, waiting for the other ranks included):\n\n"
+    )
+    headings = ["ranks", "output tokens/s", "steps", "all-reduce share", "per step", "per all-reduce", "per token"]
+    return out + table(headings + ["same tokens"], rows) + "\n" + run_line(result)
+
+
+def block_tensor_parallel_model(results: Path, name: str) -> str:
+    """Modelled: bytes per rank and a batch-1 decode step's time on GPUs, from the shapes and stated rates."""
+    model = load(results, name)["modelled"]
+    gpu = model["gpu"]
+    rows = [
+        [
+            r["model"],
+            str(r["ranks"]),
+            f"{r['weight_gb_per_rank']:.2f} GB" + ("" if r["fits_one_gpu"] else " (too big)"),
+            f"{r['kv_kb_per_token_per_rank']:.1f} KB",
+            f"{r['all_reduce_bytes_per_token'] / 1024:.0f} KiB",
+            f"{r['weights_ms']:.2f} ms",
+            f"{r['nvlink_comm_ms']:.2f} / {r['pcie_comm_ms']:.2f} ms",
+            f"{r['nvlink_tokens_per_s']:.0f} / {r['pcie_tokens_per_s']:.0f}",
+        ]
+        for r in model["rows"]
+    ]
+    headings = ["model", "ranks", "weights per rank", "KV per token per rank", "all-reduced per token"]
+    headings += ["weights read per step", "all-reduces per step (NVLink / PCIe)", "batch-1 tokens/s (NVLink / PCIe)"]
+    assumed = (
+        f"*Modelled, not measured*: one {gpu['name']} per rank ({gpu['hbm_gb_per_s']} GB/s of memory bandwidth), "
+        f"linked by NVLink at {gpu['nvlink_gb_per_s']} GB/s or PCIe at {gpu['pcie_gb_per_s']} GB/s, "
+        f"{gpu['all_reduce_latency_us']} µs of fixed cost per all-reduce; a batch-1 decode step reads the rank's "
+        "weights once, then does its 2 all-reduces per layer (a ring: each rank sends and receives 2(N−1)/N of "
+        "the message); compute, attention and the KV cache are left out.\n"
+    )
+    return table(headings, rows) + "\n" + assumed
+
+
 BLOCKS = {
     "run": block_run,
     "decode-scaling": block_decode_scaling,
@@ -437,5 +500,7 @@ BLOCKS = {
     "serve": block_serve,
     "cpu-ablation": block_cpu_ablation,
     "cpu-peers": block_cpu_peers,
+    "tensor-parallel": block_tensor_parallel,
+    "tensor-parallel-model": block_tensor_parallel_model,
     "chapter-row": block_chapter_row,
 }

@@ -123,6 +123,7 @@ CHAPTER_WORKLOADS = {
     "paged-vs-padded": [],
     "arrivals": [],
     "cpu-ablation": [],
+    "tensor-parallel": [],
 }
 
 
@@ -137,6 +138,11 @@ def test_chapter_workload_quick(workload, tiny_gqa, tmp_path):
         assert result["correct"] and [row["speedup"] > 0 for row in result["steps"]] == [True] * 4
         profiled = [row["profile"] for row in result["steps"] if row.get("profile")]
         assert len(profiled) == 2 and all(p["sampled_steps"] >= 1 for p in profiled)
+    if workload == "tensor-parallel":
+        assert [e["ranks"] for e in result["engines"]] == [1, 2] and all(e["same_tokens"] for e in result["engines"])
+        assert result["engines"][1]["all_reduce"]["calls"] > 0 == result["engines"][0]["all_reduce"]["calls"]
+        assert [row["median_us"] > 0 for row in result["all_reduce"][0]["rows"]] == [True, True]
+        assert {row["ranks"] for row in result["modelled"]["rows"] if row["model"].startswith("SmolLM2")} == {1, 3}
     if workload == "paged-vs-padded":
         kv = result["kv_use"]
         assert 0 < kv["ch05"]["pool_blocks_in_use"]["mean_share_over_steps"] <= 1
