@@ -5,8 +5,8 @@ Measured, on this machine (gloo over loopback, one torch thread per rank):
   engine        the same requests through `LLMEngine` with `tensor_parallel_size` 1 and N: output tokens/s,
                 time rank 0 spends in all-reduces (per step, per layer, per token); tokens must be equal
 Modelled, from the shapes alone (`tensor_parallel.RankShapes`) and stated bandwidths: the weights and KV
-bytes per rank and the communication per token for SmolLM2, a Llama-2-7B and a Llama-3-70B shape, and a
-batch-1 decode step's time on GPUs joined by NVLink or by PCIe.
+bytes per rank and the communication per token for SmolLM2, a Llama-2-7B and a Llama-3-70B shape, a
+batch-1 decode step's time and a 2048-token prefill step's all-reduces on GPUs joined by NVLink or by PCIe.
 
     python -m benchmarks tensor-parallel [--quick]
 """
@@ -43,6 +43,7 @@ GPU = dict(  # stated assumptions of the model, not measurements
     pcie_gb_per_s=25,  # PCIe 4.0 x16, about 25 of its 32 GB/s achieved
     all_reduce_latency_us=10,  # a small all-reduce's fixed cost on NCCL
 )
+PREFILL_TOKENS = 2048  # a prefill step's tokens, where the bandwidth of the link matters
 
 
 def run(args, s: dict) -> dict:
@@ -105,14 +106,17 @@ def modelled() -> dict:
                 comm_ms = communication_ms(config, size, itemsize, GPU[f"{link}_gb_per_s"])
                 row[f"{link}_comm_ms"] = round(comm_ms, 3)
                 row[f"{link}_tokens_per_s"] = round(1000 / (weights_ms + comm_ms), 1)
+                prefill_ms = communication_ms(config, size, itemsize, GPU[f"{link}_gb_per_s"], PREFILL_TOKENS)
+                row[f"{link}_prefill_comm_ms"] = round(prefill_ms, 2)
             rows.append(row)
-    return {"gpu": GPU, "batch": 1, "rows": rows}
+    return {"gpu": GPU, "batch": 1, "prefill_tokens": PREFILL_TOKENS, "rows": rows}
 
 
-def communication_ms(config, size: int, itemsize: int, gb_per_s: float, batch: int = 1) -> float:
+def communication_ms(config, size: int, itemsize: int, gb_per_s: float, tokens: int = 1) -> float:
+    """A step's all-reduces: 2 per layer, each of [tokens, hidden], a fixed cost plus a ring's bytes."""
     if size == 1:
         return 0.0
-    message = batch * config.hidden_size * itemsize
+    message = tokens * config.hidden_size * itemsize
     per_all_reduce_s = GPU["all_reduce_latency_us"] * 1e-6 + 2 * (size - 1) / size * message / (gb_per_s * 1e9)
     return 2 * config.num_hidden_layers * per_all_reduce_s * 1000
 

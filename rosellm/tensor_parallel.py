@@ -32,11 +32,12 @@ def check_shardable(config: ModelConfig, size: int) -> None:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
     heads, kv_heads, inner = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
-    if heads % size or inner % size:
+    if heads % size:
         raise ValueError(
-            f"tensor_parallel_size={size} must divide num_attention_heads={heads} and "
-            f"intermediate_size={inner} (each rank keeps whole heads)"
+            f"tensor_parallel_size={size} must divide num_attention_heads={heads} (each rank keeps whole heads)"
         )
+    if inner % size:
+        raise ValueError(f"tensor_parallel_size={size} must divide intermediate_size={inner} (the MLP's rows)")
     if kv_heads % size and size % kv_heads:
         raise ValueError(
             f"tensor_parallel_size={size} must divide num_key_value_heads={kv_heads} (KV heads split) "

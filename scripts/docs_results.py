@@ -474,17 +474,21 @@ def block_tensor_parallel_model(results: Path, name: str) -> str:
             f"{r['weights_ms']:.2f} ms",
             f"{r['nvlink_comm_ms']:.2f} / {r['pcie_comm_ms']:.2f} ms",
             f"{r['nvlink_tokens_per_s']:.0f} / {r['pcie_tokens_per_s']:.0f}",
+            f"{r['nvlink_prefill_comm_ms']:.1f} / {r['pcie_prefill_comm_ms']:.1f} ms",
         ]
         for r in model["rows"]
     ]
     headings = ["model", "ranks", "weights per rank", "KV per token per rank", "all-reduced per token"]
-    headings += ["weights read per step", "all-reduces per step (NVLink / PCIe)", "batch-1 tokens/s (NVLink / PCIe)"]
+    headings += ["batch 1: weights read", "batch 1: all-reduces (NVLink / PCIe)", "batch 1: tokens/s"]
+    headings += [f"{model['prefill_tokens']}-token prefill: all-reduces"]
     assumed = (
         f"*Modelled, not measured*: one {gpu['name']} per rank ({gpu['hbm_gb_per_s']} GB/s of memory bandwidth), "
         f"linked by NVLink at {gpu['nvlink_gb_per_s']} GB/s or PCIe at {gpu['pcie_gb_per_s']} GB/s, "
         f"{gpu['all_reduce_latency_us']} µs of fixed cost per all-reduce; a batch-1 decode step reads the rank's "
         "weights once, then does its 2 all-reduces per layer (a ring: each rank sends and receives 2(N−1)/N of "
-        "the message); compute, attention and the KV cache are left out.\n"
+        "the message); compute, attention and the KV cache are left out; *too big*: over 90 % of one GPU's "
+        "memory, no room left for a KV cache. The last column is the all-reduces "
+        f"alone of a step of {model['prefill_tokens']} prompt tokens, where the messages are large.\n"
     )
     return table(headings, rows) + "\n" + assumed
 

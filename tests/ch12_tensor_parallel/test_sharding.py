@@ -48,7 +48,7 @@ def test_kv_heads_of_each_rank(checkpoint, heads, kv_heads, size, expected):
 @pytest.mark.parametrize(
     "size, message",
     [
-        (2, "must divide num_attention_heads=9 and intermediate_size=1536"),
+        (2, "must divide num_attention_heads=9 "),
         (4, "must divide num_attention_heads=9"),
         (0, "must be an integer >= 1"),
     ],
@@ -56,6 +56,14 @@ def test_kv_heads_of_each_rank(checkpoint, heads, kv_heads, size, expected):
 def test_sizes_that_cannot_split_smollm2(checkpoint, size, message):
     with pytest.raises(ValueError, match=message):
         submodule(checkpoint, "tensor_parallel").check_shardable(config_of(checkpoint, **SMOLLM2), size)
+
+
+def test_intermediate_rows_must_split(checkpoint):
+    config = config_of(
+        checkpoint, **dict(SMOLLM2, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1001)
+    )
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 must divide intermediate_size=1001"):
+        submodule(checkpoint, "tensor_parallel").check_shardable(config, 2)
 
 
 def test_kv_heads_neither_split_nor_replicated(checkpoint):
