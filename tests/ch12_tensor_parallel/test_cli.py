@@ -1,0 +1,50 @@
+"""`--tensor-parallel-size` reaches the engine's options and, from the shell, runs the ranks and leaves no
+process; a checkpoint that runs in one process refuses it in one line."""
+
+import subprocess
+import sys
+
+import pytest
+
+from rosellm import __main__ as cli
+from tests.ch07_continuous_batching.test_cli import FakeCheckpoint, never_load
+
+
+@pytest.fixture
+def fake_chapters(monkeypatch):
+    """`chapters.checkpoint` answering 11 (one process) and 12 (tensor parallel)."""
+    known = {11: FakeCheckpoint(11, {"compiled"}), 12: FakeCheckpoint(12, {"compiled", "tensor_parallel"})}
+    import chapters
+
+    monkeypatch.setattr(chapters, "checkpoint", lambda name: known[int(str(name)[-2:])], raising=False)
+    return known
+
+
+def test_tensor_parallel_size_is_an_engine_option(fake_chapters):
+    args = cli.build_parser().parse_args(["serve", "--tensor-parallel-size", "3"])
+    assert cli.engine_options(args, None) == {"device": "cpu", "tensor_parallel_size": 3}
+    assert "tensor_parallel_size" not in cli.engine_options(cli.build_parser().parse_args(["demo"]), None)
+    cli.main(["generate", "hello", "--raw", "--chapter", "12", "--tensor-parallel-size", "2"])
+    assert fake_chapters[12].llm_options == {"device": "cpu", "tensor_parallel_size": 2}
+
+
+def test_tensor_parallel_size_before_chapter_12_fails_fast_with_one_line(fake_chapters, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "load_llm", never_load)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["generate", "hello", "--chapter", "11", "--tensor-parallel-size", "2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tensor-parallel-size" in err and "chapter 11" in err, err
+
+
+def test_generate_on_two_ranks_from_the_shell(tiny_model_dirs):
+    model = str(tiny_model_dirs["gqa"])
+    done = subprocess.run(
+        [sys.executable, "-m", "rosellm", "generate", "hello", "--raw", "--model", model, "--max-tokens", "4"]
+        + ["--tensor-parallel-size", "2", "--enforce-eager"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
