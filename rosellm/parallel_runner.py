@@ -29,7 +29,9 @@ from .config import ModelConfig
 from .loader import resolve_model_folder
 from .model_runner import ModelRunner
 
-TIMEOUT = datetime.timedelta(seconds=60)  # the longest a rank waits for the others in a collective
+# The longest a rank waits for the others in a collective: long enough for the slowest rank to compile its
+# layers at start (a dead rank is noticed at once, without waiting for this)
+TIMEOUT = datetime.timedelta(minutes=5)
 
 
 class TensorParallelRunner:
