@@ -37,9 +37,11 @@ def test_smollm2_greedy_matches_transformers(smollm2_llm, smollm2_hf, checkpoint
         tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
         for q in SMOLLM2_QUESTIONS
     ]
-    outputs = smollm2_llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
+    # 20 tokens: the first answer ends before; chapter 01 recomputes the whole prefix for every token. The
+    # oracle is transformers' 32 tokens cut to 20: the run that later chapters' tests reuse from its cache.
+    outputs = smollm2_llm.generate(prompts, checkpoint.SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
     for output in outputs:
-        assert output.token_ids == hf_greedy(smollm2_hf, output.prompt_token_ids, 32)
+        assert output.token_ids == hf_greedy(smollm2_hf, output.prompt_token_ids, 32)[:20]
     assert "Paris" in outputs[0].text
     assert outputs[0].finish_reason == "stop" and outputs[0].token_ids[-1] in smollm2_llm.eos_token_ids
     assert "<|im_end|>" not in outputs[0].text  # special tokens are not part of the text

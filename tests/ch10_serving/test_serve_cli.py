@@ -68,7 +68,10 @@ def test_help_shows_the_serve_defaults(capsys):
 def test_serve_answers_and_stops_on_ctrl_c(tiny_model_dirs):
     model = tiny_model_dirs["gqa"]
     command = [sys.executable, "-m", "rosellm", "serve", "--model", str(model), "--port", "0", "--max-num-seqs", "4"]
-    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as in a terminal, even when this suite runs as a background job (which starts with SIGINT ignored,
+    # and a child would inherit that)
+    restore_ctrl_c = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=restore_ctrl_c)
     lines = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True)
     reader.start()
