@@ -101,7 +101,7 @@ class RankShapes:
     gate_up_proj: tuple[int, int]
     down_proj: tuple[int, int]
     kv_heads: int
-    weight_bytes: int  # every parameter of one rank, replicated ones included
+    weight_bytes: int  # every weight of one rank, replicated ones included (biases aside)
     kv_bytes_per_token: int  # keys and values of one token, all layers, in one rank's pool
     all_reduce_bytes_per_token: int  # what each rank contributes to the all-reduces, per token of a step
 
