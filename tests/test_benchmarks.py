@@ -97,9 +97,11 @@ def test_latency_cpu_quick(tiny_gqa, tmp_path):
 
 @pytest.mark.workload("chapters")
 def test_chapters_quick(tiny_gqa, tmp_path):
-    result = run_quick("chapters", tiny_gqa, tmp_path)
+    """The first chapter, the first that steps, the latest (every checkpoint runs in its own tests)."""
+    chosen = sorted({1, 7, chapters.latest().number})
+    result = run_quick("chapters", tiny_gqa, tmp_path, "--only", ",".join(map(str, chosen)))
     rows = result["chapters"]
-    assert [r["chapter"] for r in rows] == [point.number for point in chapters.checkpoints()]
+    assert [r["chapter"] for r in rows] == chosen
     for r in rows:
         assert "error" not in r, r
         assert r["output_tokens_per_s"] > 0 and r["check"]["passed"] and r["identical_to_latest"]

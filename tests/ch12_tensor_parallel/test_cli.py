@@ -1,8 +1,5 @@
-"""`--tensor-parallel-size` reaches the engine's options and, from the shell, runs the ranks and leaves no
-process; a checkpoint that runs in one process refuses it in one line."""
-
-import subprocess
-import sys
+"""`--tensor-parallel-size` reaches the engine's options; a checkpoint that runs in one process refuses it in
+one line."""
 
 import pytest
 
@@ -35,16 +32,3 @@ def test_tensor_parallel_size_before_chapter_12_fails_fast_with_one_line(fake_ch
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--tensor-parallel-size" in err and "chapter 11" in err, err
-
-
-def test_generate_on_two_ranks_from_the_shell(tiny_model_dirs):
-    model = str(tiny_model_dirs["gqa"])
-    done = subprocess.run(
-        [sys.executable, "-m", "rosellm", "generate", "hello", "--raw", "--model", model, "--max-tokens", "4"]
-        + ["--tensor-parallel-size", "2", "--enforce-eager"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "Traceback" not in done.stderr

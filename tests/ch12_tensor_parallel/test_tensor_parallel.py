@@ -55,7 +55,6 @@ def one_process(checkpoint, path):
 @pytest.mark.parametrize(
     "name, size, options",
     [
-        ("gqa", 2, {"enforce_eager": True}),
         ("gqa", 4, {"enforce_eager": True}),
         ("mha_tied", 2, {"enforce_eager": True}),
         ("mqa_tied", 2, {"enforce_eager": True}),
