@@ -10,25 +10,12 @@ Writing the module registers it: the names are read from the files, and a comman
 import re
 from pathlib import Path
 
-import chapters
-
 DECLARATION = re.compile(r'^(NAME|CHAPTER) = "?([\w-]+)"?', re.MULTILINE)
 
 
-def find_workloads() -> dict[str, tuple[str, int]]:
-    """Command name -> (module, chapter) for every workload module in this folder (read, not imported)."""
-    found = {}
-    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
-        declared = dict(DECLARATION.findall(path.read_text()))
-        if "NAME" in declared:
-            found[declared["NAME"]] = (f"benchmarks.{path.stem}", int(declared["CHAPTER"]))
-    return found
-
-
-WORKLOADS = find_workloads()
-
-
-def named_checkpoint(text: str) -> chapters.Checkpoint:
-    """A checkpoint named on a command line: by chapter ("3", "ch03", ...) or by module ("rosellm",
-    "chapters.ch03_batch_decode.rosellm")."""
-    return next((point for point in chapters.checkpoints() if text == point.module), None) or chapters.checkpoint(text)
+# Command name -> (module, chapter) for every workload module in this folder (read, not imported).
+WORKLOADS = {
+    declared["NAME"]: (f"benchmarks.{path.stem}", int(declared["CHAPTER"]))
+    for path in sorted(Path(__file__).resolve().parent.glob("*.py"))
+    if "NAME" in (declared := dict(DECLARATION.findall(path.read_text())))
+}

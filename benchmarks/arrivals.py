@@ -17,7 +17,7 @@ import time
 import chapters
 
 from . import harness
-from .steppers import EngineStepper, OfflineStepper
+from .paged_vs_padded import OfflineStepper
 
 NAME = "arrivals"
 HELP = "requests arriving over time: chapter 05's scheduler against chapter 07's on one KV pool"
@@ -30,6 +30,27 @@ QUICK = {"requests": 6, "prompt_len": [4, 12], "max_tokens": [4, 8], "num_kv_blo
 
 def run(args, s: dict) -> dict:
     return harness.save(args, NAME, lambda: measure(args, s), "arrivals", plot)
+
+
+class EngineStepper:
+    """A chapter 07+ `LLMEngine` stepped like `OfflineStepper`; also tells which requests a step preempted
+    (running before, waiting after)."""
+
+    def __init__(self, module, engine):
+        self.module, self.engine, self.preempted = module, engine, []
+
+    def add(self, key: str, prompt: list[int], max_tokens: int) -> None:
+        params = self.module.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        self.engine.add_request(key, prompt, params)
+
+    def step(self) -> list[tuple[str, list[int], bool]]:
+        running = {seq.request_id for seq in self.engine.scheduler.running}
+        outputs = self.engine.step()
+        self.preempted = sorted(running & {seq.request_id for seq in self.engine.scheduler.waiting})
+        return [(o.request_id, list(o.token_ids), o.finished) for o in outputs]
+
+    def busy(self) -> bool:
+        return self.engine.has_unfinished_requests()
 
 
 def serve(stepper, requests: list, every: int) -> dict:

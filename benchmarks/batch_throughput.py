@@ -13,7 +13,8 @@ kept: other work on the machine only adds time. (What padding costs a mixed batc
 
 from functools import partial
 
-from . import harness, named_checkpoint
+from . import harness
+from .decode_scaling import checkpoint_record, named_checkpoint, timed_passes
 
 NAME = "batch-throughput"
 HELP = "output tokens/s against batch size (chapter 03)"
@@ -42,7 +43,7 @@ def measure(args, s: dict, name: str, module, tag: str) -> dict:
     for b in sizes:  # the prefill alone, then with the decode steps
         calls["first", b] = partial(generate, prompts[:b], 1)
         calls["full", b] = partial(generate, prompts[:b], m)
-    best = {key: min(times) for key, times in harness.timed_passes(calls, s["repeats"], name)[0].items()}
+    best = {key: min(times) for key, times in timed_passes(calls, s["repeats"], name)[0].items()}
     points, steps = [], m - 1  # decode steps of b tokens after the prefill
     for b in sizes:
         first, full = best["first", b], best["full", b]
@@ -54,7 +55,7 @@ def measure(args, s: dict, name: str, module, tag: str) -> dict:
     for p in points:
         p["speedup_over_first"] = round(p["output_tokens_per_s"] / points[0]["output_tokens_per_s"], 2)
     settings = s | {"greedy": True, "ignore_eos": True, "max_batch_size": largest}
-    return harness.checkpoint_record(name, module, llm) | {"points": points, "settings": settings, "tag": tag}
+    return checkpoint_record(name, module, llm) | {"points": points, "settings": settings, "tag": tag}
 
 
 def plot(result: dict, path) -> None:

@@ -55,9 +55,7 @@ def measure(args, s: dict) -> dict:
     oracle = dict(reference_only=True, batch_size=1, reference_tokens=s["check_tokens"], reference_sample=sample)
     reference = harness.run_engine("hf-generate", common | oracle, "transformers reference").get("reference", {})
     rows, tokens = [], {}
-    for point in chapters.checkpoints():
-        if wanted and point.number not in wanted:
-            continue
+    for point in [point for point in chapters.checkpoints() if not wanted or point.number in wanted]:
         options = checkpoint_options(point, s["batch"])
         label = f"chapter {point.number:02d} ({point.module}) {options or ''}"
         r = harness.run_engine("checkpoint", common | {"checkpoint": point.module, "options": options}, label)

@@ -11,7 +11,9 @@ API is used, so the same workload measures every chapter's checkpoint:
 import statistics
 from functools import partial
 
-from . import harness, named_checkpoint
+import chapters
+
+from . import harness
 
 NAME = "decode-scaling"
 HELP = "milliseconds per decode step against sequence length, for one chapter checkpoint"
@@ -41,7 +43,7 @@ def measure(args, s: dict, name: str, module, tag: str) -> dict:
         calls["full", n] = partial(generate, [prompts[n]], 1 + steps)
     if total:
         calls["whole"] = partial(generate, [prompts[lengths[0]]], total)
-    best = {key: min(times) for key, times in harness.timed_passes(calls, s["repeats"], name)[0].items()}
+    best = {key: min(times) for key, times in timed_passes(calls, s["repeats"], name)[0].items()}
     points = []
     for n in lengths:
         decode_ms = (best["full", n] - best["first", n]) / steps * 1000
@@ -59,7 +61,7 @@ def measure(args, s: dict, name: str, module, tag: str) -> dict:
         predicted = round(points[0]["first_token_ms"] / 1000 + steps_s, 2)
         whole = dict(prompt_len=n, max_tokens=total, measured_s=round(best["whole"], 2), predicted_from_fit_s=predicted)
     fit = {"intercept_ms": round(intercept, 2), "slope_ms_per_token": round(slope, 4)}
-    out = harness.checkpoint_record(name, module, llm) | dict(points=points, fit=fit, whole_generation=whole)
+    out = checkpoint_record(name, module, llm) | dict(points=points, fit=fit, whole_generation=whole)
     return out | {"settings": s | {"greedy": True, "ignore_eos": True}, "tag": tag}
 
 
@@ -92,3 +94,34 @@ def plot(result: dict, path) -> None:
     for ax in (cost, speed, total):
         ax.set(xlim=(0, None), ylim=(0, None))
     harness.save_figure(fig, path, result, f"{result['checkpoint']}, {result['dtype']}: ")
+
+
+# --- timing a checkpoint's `LLM.generate` in passes (also chapter 03's and 05's workloads) --------------------
+
+
+def named_checkpoint(text: str) -> chapters.Checkpoint:
+    """A checkpoint named on a command line: by chapter ("3", "ch03", ...) or by module ("rosellm",
+    "chapters.ch03_batch_decode.rosellm")."""
+    return next((point for point in chapters.checkpoints() if text == point.module), None) or chapters.checkpoint(text)
+
+
+def timed_passes(calls: dict, repeats: int, label: str) -> tuple[dict, dict]:
+    """Every call of `calls` (key -> a function that returns (seconds, outputs), like `timed_generate`) in
+    `repeats` whole passes, the calls interleaved: a burst of other work spoils one pass, not one call, and the
+    fastest of each call's runs discards it. Returns (key -> the seconds of each pass, key -> the last outputs)."""
+    times, outputs = {key: [] for key in calls}, {}
+    for repeat in range(repeats):
+        print(f"{label}: pass {repeat + 1} of {repeats}", flush=True)
+        for key, call in calls.items():
+            seconds, outputs[key] = call()
+            times[key].append(seconds)
+    return times, outputs
+
+
+def checkpoint_record(name: str, module, llm) -> dict:
+    """Which checkpoint a chapter workload measured, and in which dtype."""
+    return {
+        "checkpoint": name,
+        "chapter": module.__chapter__,
+        "dtype": str(next(llm.model.parameters()).dtype).removeprefix("torch."),
+    }

@@ -64,17 +64,16 @@ def timed_run(requests: list, desc: str, submit, advance) -> dict:
 # --- rosellm ---------------------------------------------------------------------------------------------
 
 
-def package_of(engine):
-    """The package an engine comes from (`rosellm` or a chapter's frozen copy): its own SamplingParams."""
-    return importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
+def greedy(engine, max_tokens: int):
+    """Greedy, EOS-ignoring sampling parameters from the package an engine comes from (`rosellm` or a
+    chapter's frozen copy)."""
+    package = importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
+    return package.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
 def rosellm_run(engine, requests: list, desc: str, prefix: str) -> dict:
-    SamplingParams = package_of(engine).SamplingParams
-
     def submit(i, prompt, max_tokens):
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        engine.add_request(f"{prefix}{i}", prompt, params)
+        engine.add_request(f"{prefix}{i}", prompt, greedy(engine, max_tokens))
 
     def advance():
         return [(int(o.request_id.removeprefix(prefix)), o.token_ids, o.finished) for o in engine.step()]
@@ -86,15 +85,12 @@ def rosellm_run(engine, requests: list, desc: str, prefix: str) -> dict:
 
 def decode_sweep(engine, batch_sizes: list[int], prompt_len: int, steps: int) -> list[dict]:
     """Decode tokens/s at each batch size b: b requests are prefilled (untimed), then `steps` steps timed."""
-    SamplingParams = package_of(engine).SamplingParams
-
     points, vocab_size = [], engine.model.config.vocab_size
     for b in batch_sizes:
-        # room for the decode steps the first prompts make while later ones prefill: none finishes while timed
-        params = SamplingParams(temperature=0.0, max_tokens=2 * steps + b + 2, ignore_eos=True)
         ids = [f"sweep-{b}-{i}" for i in range(b)]
         for request_id, (prompt, _) in zip(ids, random_requests(b, [prompt_len] * 2, [1, 1], vocab_size, b)):
-            engine.add_request(request_id, prompt, params)
+            # room for the decode steps the first prompts make while later ones prefill: none finishes while timed
+            engine.add_request(request_id, prompt, greedy(engine, 2 * steps + b + 2))
         while engine.scheduler.waiting:
             engine.step()
         start = time.perf_counter()
@@ -112,53 +108,39 @@ ATTENTION = ("rosellm.attention", "scaled_dot_product", "index", "gather", "scat
 PHASES = ("schedule", "forward", "lm_head", "sample", "commit")
 
 
-def profile_kind(event) -> str | None:
-    """ "gemm" or "attention" for the outermost such event inside the engine's forward, else None."""
+def kind_of(name: str) -> str | None:
+    if name in GEMM or name.endswith("::packed_linear"):
+        return "gemm"
+    return "attention" if any(a in name for a in ATTENTION) else None
 
-    def kind(name):
-        if name in GEMM or name.endswith("::packed_linear"):
-            return "gemm"
-        return "attention" if any(a in name for a in ATTENTION) else None
 
-    if kind(event.name) is None:
-        return None
-    parent = event.cpu_parent
-    while parent is not None and parent.name != "rosellm.forward":
-        if kind(parent.name):
+def part_of(event) -> str | None:
+    """What a profiled event's time counts for: an engine phase (its labels rosellm.schedule, .forward, .lm_head,
+    .sample, .commit), or inside the forward "gemm" or "attention" for the outermost such event; else None."""
+    if event.name.startswith("rosellm.") and event.name[8:] in PHASES:
+        return event.name[8:]
+    kind, parent = kind_of(event.name), event.cpu_parent
+    while kind and parent is not None and parent.name != "rosellm.forward":
+        if kind_of(parent.name):
             return None  # counted with its ancestor
         parent = parent.cpu_parent
-    return kind(event.name) if parent is not None else None
-
-
-def step_parts(events) -> dict[str, float]:
-    """Seconds of one profiled step by part: the engine's phases (its labels rosellm.schedule, .forward,
-    .lm_head, .sample, .commit), and inside the forward its outermost GEMMs and attention."""
-    seconds = dict.fromkeys(("gemm", "attention", *PHASES), 0.0)
-    for event in events:
-        name = event.name
-        if name.startswith("rosellm.") and name[8:] in PHASES:
-            seconds[name[8:]] += event.cpu_time_total / 1e6
-        elif kind := profile_kind(event):
-            seconds[kind] += event.cpu_time_total / 1e6
-    return seconds
+    return kind if parent is not None else None
 
 
 def profile_run(engine, requests: list, every: int) -> dict:
     """Where the time of `LLMEngine.step` goes: the workload run once more, `torch.profiler` recording one step
     in `every` (a sample of the whole run, prompts and decodes, in the proportions they take), each split by
-    `step_parts`. The forward's rest, beyond GEMMs and attention, is element-wise work, compiled or not."""
+    `part_of`. The forward's rest, beyond GEMMs and attention, is element-wise work, compiled or not."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    SamplingParams = package_of(engine).SamplingParams
     for i, (prompt, max_tokens) in enumerate(requests):
-        engine.add_request(
-            f"profile-{i}", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        )
+        engine.add_request(f"profile-{i}", prompt, greedy(engine, max_tokens))
     seconds = dict.fromkeys(("gemm", "attention", *PHASES), 0.0)
 
     def add_sampled_step(prof):
-        for key, value in step_parts(prof.events()).items():
-            seconds[key] += value
+        for event in prof.events():
+            if part := part_of(event):
+                seconds[part] += event.cpu_time_total / 1e6
 
     steps, sampled, sampled_s = 0, 0, 0.0
     cycle = schedule(wait=max(every - 2, 0), warmup=min(every - 1, 1), active=1)
@@ -185,18 +167,14 @@ def profile_run(engine, requests: list, every: int) -> dict:
 def task_rosellm(spec: dict) -> dict:
     """rosellm's `LLMEngine`: the latest checkpoint, or `spec["module"]` (a chapter's package)."""
     rosellm = importlib.import_module(spec.get("module", "rosellm"))
-
-    dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else None
-    options = spec.get("engine_options", {})
-    engine, load_s = load_timed(
-        lambda: rosellm.LLMEngine(spec.get("model"), spec.get("device", "cpu"), dtype, **options)
-    )
+    dtype, options = getattr(torch, spec["dtype"]) if spec.get("dtype") else None, spec.get("engine_options", {})
+    model, device = spec.get("model"), spec.get("device", "cpu")
+    engine, load_s = load_timed(lambda: rosellm.LLMEngine(model, device, dtype, **options))
     rosellm_run(engine, spec["warmup"], "rosellm warm-up", "warmup-")
     runs = [rosellm_run(engine, spec["requests"], "rosellm", f"r{k}-") for k in range(spec.get("repeats", 1))]
     result = {"engine": "rosellm", "load_s": load_s, **min(runs, key=lambda r: r["wall_s"])}
     result["repeat_walls_s"] = [round(r["wall_s"], 3) for r in runs]
-    if spec.get("sweep"):
-        sweep = spec["sweep"]
+    if sweep := spec.get("sweep"):
         result["decode_sweep"] = decode_sweep(engine, sweep["batch_sizes"], sweep["prompt_len"], sweep["steps"])
     if spec.get("profile_every"):
         result["profile"] = profile_run(engine, spec["requests"], spec["profile_every"])
@@ -338,12 +316,8 @@ def task_checkpoint(spec: dict) -> dict:
     return result | {"tokens": [list(o.token_ids) for o in outputs], "memory": memory}
 
 
-TASKS = {
-    "rosellm": task_rosellm,
-    "hf-generate": task_hf_generate,
-    "hf-continuous": task_hf_continuous,
-    "checkpoint": task_checkpoint,
-}
+TASKS = {"rosellm": task_rosellm, "checkpoint": task_checkpoint}
+TASKS |= {"hf-generate": task_hf_generate, "hf-continuous": task_hf_continuous}
 
 
 def main(task: str, spec_path: str, out_path: str) -> None:

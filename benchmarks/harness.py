@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,11 +68,8 @@ def output_paths(args, name: str, figure: str = "") -> tuple[Path, Path]:
 
 def command_line() -> str:
     """The command that reproduces this run, without its output paths."""
-    kept, skip = [], False
-    for arg in sys.argv[1:]:
-        if not skip and arg not in ("--json", "--figure"):
-            kept.append(arg)
-        skip = arg in ("--json", "--figure")
+    argv, paths = sys.argv[1:], ("--json", "--figure")
+    kept = [arg for i, arg in enumerate(argv) if arg not in paths and (i == 0 or argv[i - 1] not in paths)]
     return "python -m benchmarks " + " ".join(kept)
 
 
@@ -117,28 +115,25 @@ class OtherLoad:
     others). Linux only; None elsewhere. A shared machine makes timings meaningless without saying so."""
 
     def __enter__(self):
-        self.start = self.sample()
+        self.start, self.share = cpu_seconds(), None
         return self
 
     def __exit__(self, *exc):
-        self.end = self.sample()
+        end = cpu_seconds()
+        if self.start and end and end[0] > self.start[0]:
+            total, busy, mine = (b - a for a, b in zip(self.start, end))
+            self.share = round(max(busy - mine, 0.0) / total, 3)
 
-    @staticmethod
-    def sample():
-        try:
-            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        except OSError:
-            return None
-        ticks, own = os.sysconf("SC_CLK_TCK"), os.times()
-        mine = own.user + own.system + own.children_user + own.children_system
-        return sum(fields) / ticks, (sum(fields) - fields[3] - fields[4]) / ticks, mine
 
-    @property
-    def share(self) -> float | None:
-        if self.start is None or self.end is None:
-            return None
-        total, busy, mine = (end - start for end, start in zip(self.end, self.start))
-        return round(max(busy - mine, 0.0) / total, 3) if total > 0 else None
+def cpu_seconds() -> tuple[float, float, float] | None:
+    """(every CPU's seconds, their busy seconds, the seconds of this process and its children) so far."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return None
+    ticks, own = os.sysconf("SC_CLK_TCK"), os.times()
+    mine = own.user + own.system + own.children_user + own.children_system
+    return sum(fields) / ticks, (sum(fields) - fields[3] - fields[4]) / ticks, mine
 
 
 def describe_machine(device: str = "cpu", threads: int | None = None) -> dict:
@@ -157,37 +152,33 @@ def describe_machine(device: str = "cpu", threads: int | None = None) -> dict:
     return info | ({"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {})
 
 
-def best_seconds(fn, repeats: int, device: str) -> tuple[float, float]:
-    """(best, median) seconds of `fn()` after one warm-up call: other work only slows a run down."""
-    import torch
-
-    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return min(times), sorted(times)[len(times) // 2]
-
-
 def measure_rates(quick: bool, device: str = "cpu", dtype: str = "float32", n: int = 0, mib: int = 0) -> dict:
-    """The GEMM rate (one square `torch.mm`) and the memory bandwidth (a copy: each byte read and written)."""
+    """The GEMM rate (one square `torch.mm`) and the memory bandwidth (a copy: each byte read and written), each
+    the best and the median of a few runs after a warm-up one: other work only slows a run down."""
     import torch
 
     n, mib, repeats = n or (512 if quick else 2048), mib or (32 if quick else 256), 3 if quick else 5
+    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+
+    def per_second(amount: float, fn) -> tuple[float, float]:
+        times = []
+        for _ in range(repeats + 1):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        return amount / min(times[1:]), amount / statistics.median(times[1:])
+
     a = torch.randn(n, n, device=device).to(getattr(torch, dtype))  # (n, n)
     out = torch.empty_like(a)
     src = torch.ones(mib << 18, device=device)  # (mib MiB / 4 bytes,) fp32
     dst = torch.empty_like(src)
     with OtherLoad() as other:
-        gemm = best_seconds(lambda: torch.mm(a, a, out=out), repeats, device)
-        copy = best_seconds(lambda: dst.copy_(src), repeats, device)
-    flop, moved = 2.0 * n**3, 2.0 * src.numel() * 4
-    gemm = dict(n=n, dtype=dtype, repeats=repeats, flops_best=flop / gemm[0], flops_median=flop / gemm[1])
-    copy = dict(mib=mib, repeats=repeats, bytes_per_s_best=moved / copy[0], bytes_per_s_median=moved / copy[1])
+        gemm = per_second(2.0 * n**3, lambda: torch.mm(a, a, out=out))
+        copy = per_second(2.0 * src.numel() * 4, lambda: dst.copy_(src))
+    gemm = dict(n=n, dtype=dtype, repeats=repeats, flops_best=gemm[0], flops_median=gemm[1])
+    copy = dict(mib=mib, repeats=repeats, bytes_per_s_best=copy[0], bytes_per_s_median=copy[1])
     return dict(gemm=gemm, bandwidth=copy, other_processes_cpu_share=other.share, at=time.strftime("%H:%M:%S"))
 
 
@@ -251,10 +242,8 @@ def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0..100), interpolating linearly between order statistics."""
     if not values:
         return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
+    ordered, position = sorted(values), (len(values) - 1) * q / 100
+    low, high = int(position), min(int(position) + 1, len(values) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
@@ -284,7 +273,8 @@ def measured(args, workload: str, measure, device: str = "cpu") -> dict:
 def write(result: dict, json_path: Path, figures: list[Path], plot, report, wrong: str) -> dict:
     """Write a result's JSON, draw its figures (`plot(result, *figures)`), print its report; exit with status 1
     if an engine it vouches for gave wrong tokens (`wrong` says which)."""
-    result["figures"] = [repo_path(path) for path in figures]
+    paths = [Path(path).resolve() for path in figures]
+    result["figures"] = [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths]
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, *figures)
@@ -295,8 +285,7 @@ def write(result: dict, json_path: Path, figures: list[Path], plot, report, wron
     if other and other > 0.05:
         print(f"warning: other processes used {other:.0%} of the CPU during the run; the timings are disturbed")
     if not result["correct"]:
-        print(f"ERROR: {wrong}", file=sys.stderr)
-        raise SystemExit(1)
+        raise SystemExit(f"ERROR: {wrong}")  # status 1
     return result
 
 
@@ -305,13 +294,6 @@ def save(args, workload: str, measure, name: str, plot, figure: str = "", report
     result = measured(args, workload, measure)
     json_path, figure_path = output_paths(args, name, figure)
     return write(result, json_path, [figure_path], plot, report, wrong or f"{workload}: the engines' tokens disagree")
-
-
-def repo_path(path: Path) -> str:
-    try:
-        return Path(path).resolve().relative_to(ROOT).as_posix()
-    except ValueError:
-        return str(path)
 
 
 def print_table(rows: list[dict], columns: dict[str, str]) -> None:
@@ -356,7 +338,7 @@ def save_figure(fig, path: Path, result: dict, prefix: str = "") -> None:
     plt.close(fig)
 
 
-# --- the chapter workloads: a checkpoint's public `LLM.generate`, in this process ----------------------------
+# --- a checkpoint's public `LLM.generate`, in this process (the chapters workload and chapter workloads) -------
 
 
 def timed_generate(module, llm, prompts: list[list[int]], max_tokens: int | list[int]) -> tuple[float, list]:
@@ -368,26 +350,3 @@ def timed_generate(module, llm, prompts: list[list[int]], max_tokens: int | list
     elapsed = time.perf_counter() - start
     assert [len(o.token_ids) for o in outputs] == counts, "a request stopped early"
     return elapsed, outputs
-
-
-def timed_passes(calls: dict, repeats: int, label: str) -> tuple[dict, dict]:
-    """Every call of `calls` (key -> a function that returns (seconds, outputs), like `timed_generate`) in
-    `repeats` whole passes, the calls interleaved: a burst of other work spoils one pass, not one call, and the
-    fastest of each call's runs discards it. Returns (key -> the seconds of each pass, key -> the last outputs)."""
-    times, outputs = {key: [] for key in calls}, {}
-    for repeat in range(repeats):
-        print(f"{label}: pass {repeat + 1} of {repeats}", flush=True)
-        for key, call in calls.items():
-            seconds, outputs[key] = call()
-            times[key].append(seconds)
-    return times, outputs
-
-
-def dtype_of(llm) -> str:
-    """The dtype of a checkpoint's `LLM`'s weights: "float32", ..."""
-    return str(next(llm.model.parameters()).dtype).removeprefix("torch.")
-
-
-def checkpoint_record(name: str, module, llm) -> dict:
-    """Which checkpoint a chapter workload measured, and in which dtype."""
-    return {"checkpoint": name, "chapter": module.__chapter__, "dtype": dtype_of(llm)}

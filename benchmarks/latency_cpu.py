@@ -43,28 +43,27 @@ def run(args, s: dict) -> dict:
 def at_batch_1(body: dict, s: dict, model: str | None) -> dict:
     """offline-cpu's rows of one request, read as decode speed: decode tokens/s = (tokens - 1) / (last token's
     time - first token's), the first being the prefill's; TTFT is its time."""
-    roof, n = body["roofline"], s["max_tokens"]
     labels = {"rosellm": f"rosellm (ch{chapters.latest().number:02d})", "hf-generate": "transformers generate"}
+    rows, roofline = [e for e in body["engines"] if "error" not in e], body["roofline"]["bandwidth_tokens_per_s"]
     for e in body["engines"]:
         e["label"] = labels.get(e["engine"], e["label"])
-        if "error" not in e:
-            e["ttft_ms"], e["tpot_ms"] = e["ttft_ms"]["median"], e["tpot_ms"]["median"]
-            e["decode_tokens_per_s"] = round(1000 / e["tpot_ms"], 2)
-            e["share_of_bandwidth_roofline"] = round(e["decode_tokens_per_s"] / roof["bandwidth_tokens_per_s"], 4)
-    by = {e["engine"]: e for e in body["engines"] if "error" not in e}
-    for e in by.values():
-        if "rosellm" in by:
-            e["rosellm_ratio"] = round(by["rosellm"]["decode_tokens_per_s"] / e["decode_tokens_per_s"], 2)
-    if "rosellm" in by and "hf-generate" in by:
-        by["rosellm"]["decode_ratio_vs_transformers"] = by["hf-generate"]["rosellm_ratio"]
-    config = harness.model_config(model)
-    kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    for e in rows:
+        e["ttft_ms"], e["tpot_ms"] = e["ttft_ms"]["median"], e["tpot_ms"]["median"]
+        e["decode_tokens_per_s"] = round(1000 / e["tpot_ms"], 2)
+        e["share_of_bandwidth_roofline"] = round(e["decode_tokens_per_s"] / roofline, 4)
+    ours = next((e for e in rows if e["engine"] == "rosellm"), None)
+    for e in rows if ours else []:
+        e["rosellm_ratio"] = round(ours["decode_tokens_per_s"] / e["decode_tokens_per_s"], 2)
+        if e["engine"] == "hf-generate":
+            ours["decode_ratio_vs_transformers"] = e["rosellm_ratio"]
+    c, tokens = harness.model_config(model), s["prompt_len"] + s["max_tokens"]
+    kv_bytes = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4 * tokens
     identical = body["agreement"].get("rosellm vs hf-generate", {}).get("identical_requests") == 1
     notes = [
         "bandwidth roofline = measured copy bandwidth / (4 bytes x (non-embedding weights + LM head)); the KV "
         "cache read at each step (kv_cache_bytes_at_end at the last) comes on top."
     ]
-    extra = dict(kv_cache_bytes_at_end=kv_bytes * (s["prompt_len"] + n), all_tokens_identical=identical, notes=notes)
+    extra = dict(kv_cache_bytes_at_end=kv_bytes, all_tokens_identical=identical, notes=notes)
     return body | {"settings": body["settings"] | s} | extra
 
 

@@ -14,6 +14,7 @@ latency-cpu and offline-gpu run through the same engines and table.
 """
 
 import math
+import operator
 
 import chapters
 
@@ -36,7 +37,6 @@ ENGINES = {
     "hf-generate": "transformers generate (static batches)",
     "hf-continuous": "transformers continuous batching",
 }
-FLOP = ("dense_flop", "attention_flop")
 NOTES = [
     "Useful output tokens: each request's own max_tokens (a static batch runs to its longest request).",
     "TTFT: from t = 0, when every request is submitted, to the request's first token; TPOT: (last - first) / "
@@ -74,15 +74,11 @@ def run_workload(args, s: dict, workload: str, name: str, draw, show, finish=lam
         raise SystemExit(f"unknown engines {sorted(set(engines) - set(ENGINES))}; choose from {', '.join(ENGINES)}")
     for peer in chosen:
         peers.install(peer)
-
-    def measure_all() -> dict:
-        return finish(measure(args, s, engines, chosen, **device))
-
-    result = harness.measured(args, workload, measure_all, device.get("device", "cpu"))
+    on = device.get("device", "cpu")
+    result = harness.measured(args, workload, lambda: finish(measure(args, s, engines, chosen, **device)), on)
     json_path, figure = harness.output_paths(args, name)
     figures = [figure] + ([figure.with_name(figure.stem + "_batch_sweep.png")] if result["decode_sweep"] else [])
-    wrong = "rosellm's greedy tokens differ from transformers' (see 'check')"
-    return harness.write(result, json_path, figures, draw, show, wrong)
+    return harness.write(result, json_path, figures, draw, show, "rosellm's greedy tokens differ from transformers'")
 
 
 def kv_blocks(requests: list, block_size: int) -> int:
@@ -122,7 +118,7 @@ def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="flo
             "hf-continuous", common | {"cb_options": cb}, ENGINES["hf-continuous"]
         )
     for peer in chosen:
-        limits = peers.options(peer, s["max_num_seqs"], s["max_batch_tokens"], longest)
+        limits = {key: options[key] for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
         spec = dict(threads=args.threads, requests=requests, warmup=warmup, reference=reference, options=limits)
         runs[peer.name] = peers.run_peer(peer, spec, args.model)
     roof = harness.rooflines([before, rates()], params, 4 if dtype == "float32" else 2)
@@ -133,20 +129,18 @@ def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="flo
     ours = runs.get("rosellm", {})
     for point in ours.get("decode_sweep") or []:
         point["share_of_roofline"] = round(point["tokens_per_s"] / roof["compute_tokens_per_s"], 4)
-    same = {f"rosellm vs {n}": same_tokens(ours, r) for n, r in runs.items() if n != "rosellm" and same_tokens(ours, r)}
+    same = {  # requests two engines answered alike, over all of them (not only the checked sample)
+        f"rosellm vs {name}": dict(
+            identical_requests=sum(map(operator.eq, ours["tokens"], r["tokens"])), requests=len(r["tokens"])
+        )
+        for name, r in runs.items()
+        if name != "rosellm" and ours.get("tokens") and r.get("tokens")
+    }
     named = dict(engines=engines, peers=[p.name for p in chosen], rosellm_engine_options=options, threads=args.threads)
     out = dict(settings=s | named, dtype=dtype, parameters=params, work=work, roofline=roof, engines=rows)
     out |= dict(agreement=same, notes=NOTES, check={row["engine"]: row["check"] for row in rows if "check" in row})
     out |= dict(targets=targets_met(rows), decode_sweep=ours.get("decode_sweep") or [], profile=ours.get("profile"))
     return out | {"correct": "rosellm" not in runs or bool(out["check"].get("rosellm", {}).get("passed"))}
-
-
-def same_tokens(a: dict, b: dict) -> dict | None:
-    """How many requests two engines answered with identical tokens (all of them, not only the sample)."""
-    if a.get("tokens") and b.get("tokens"):
-        same = sum(x == y for x, y in zip(a["tokens"], b["tokens"]))
-        return {"identical_requests": same, "requests": len(a["tokens"])}
-    return None
 
 
 def workload_work(requests: list, config, params: dict) -> dict:
@@ -179,21 +173,18 @@ def summarize(runs: dict, requests: list, work: dict, roof: dict, reference: dic
         wall, useful = r["wall_s"], sum(min(len(t), m) for t, m in zip(r["tokens"], max_tokens))
         times = zip(r["first_token_s"], r["last_token_s"], max_tokens)
         tpot = [(b - a) / (m - 1) for a, b, m in times if m > 1 and a is not None]
-        memory, dense, with_attention = r.get("memory") or {}, work["dense_flop"], sum(work[k] for k in FLOP)
+        memory = r.get("memory") or {}
         row |= dict(wall_s=round(wall, 2), useful_output_tokens=useful, output_tokens_per_s=round(useful / wall, 2))
         row |= dict(all_requests_complete=[len(t) for t in r["tokens"]] == max_tokens)
-        row |= dict(processed_tokens_per_s=round(work["processed_tokens"] / wall, 2))
         row |= dict(ttft_ms=median_p90(r["first_token_s"], 1000, 1), tpot_ms=median_p90(tpot, 1000, 3))
         row |= dict(share_of_roofline_output=round(useful / wall / roof["compute_tokens_per_s"], 4))
-        row |= dict(share_of_roofline_work=round(dense / wall / roof["gemm_flops"], 4))
-        row |= dict(share_of_roofline_work_with_attention=round(with_attention / wall / roof["gemm_flops"], 4))
+        row |= dict(share_of_roofline_work=round(work["dense_flop"] / wall / roof["gemm_flops"], 4))
         row |= dict(memory=memory, peak_rss_run_mib=memory.get("peak_rss_run_mib"), steps=r.get("steps"))
         row |= dict(returned_ms=median_p90(r.get("returned_s") or [], 1000, 1))
         rows.append(row | {"padded_token_positions": r.get("padded_token_positions")})
     ours = next((row for row in rows if row["engine"] == "rosellm" and "error" not in row), None)
-    for row in rows:
-        if ours and "error" not in row:
-            row["rosellm_ratio"] = round(ours["output_tokens_per_s"] / row["output_tokens_per_s"], 2)
+    for row in [row for row in rows if ours and "error" not in row]:
+        row["rosellm_ratio"] = round(ours["output_tokens_per_s"] / row["output_tokens_per_s"], 2)
     return rows
 
 
@@ -204,10 +195,7 @@ def targets_met(rows: list[dict]) -> dict:
     if ours is None:
         return {}
     met = {f"{key} >= 0.6": ours[key] >= 0.6 for key in ("share_of_roofline_output", "share_of_roofline_work")}
-    for name, target, factor in TARGETS:
-        if name in tps:
-            met[target] = tps["rosellm"] >= factor * tps[name]
-    return met
+    return met | {target: tps["rosellm"] >= factor * tps[name] for name, target, factor in TARGETS if name in tps}
 
 
 def report(result: dict) -> None:

@@ -54,11 +54,7 @@ def run(args, s: dict) -> dict | None:
     import torch
 
     if not torch.cuda.is_available():
-        print(
-            "offline-gpu: no CUDA device here (torch.cuda.is_available() is False); this workload runs only on "
-            "a GPU. Nothing was measured and no result was written.",
-            file=sys.stderr,
-        )
+        print("offline-gpu: no CUDA device here; it runs only on a GPU. Nothing measured or written.", file=sys.stderr)
         return None
     random = args.model is None
     with tempfile.TemporaryDirectory(prefix="rosellm-gpu-model-") as tmp:
@@ -67,6 +63,7 @@ def run(args, s: dict) -> dict | None:
             args.model = write_random_model(Path(tmp), shape)
         rates = partial(harness.measure_rates, args.quick, "cuda", "bfloat16", 2048 if args.quick else 8192, 1024)
         named = {"model": "random Llama with Qwen3-0.6B's shape (bf16)"} if random else {}
-        draw, show = offline_cpu.plot, offline_cpu.report
-        gpu = dict(device="cuda", dtype="bfloat16", rates=rates)
-        return offline_cpu.run_workload(args, s, NAME, "offline_gpu", draw, show, lambda body: body | named, **gpu)
+        draw, show, finish = offline_cpu.plot, offline_cpu.report, lambda body: body | named
+        return offline_cpu.run_workload(
+            args, s, NAME, "offline_gpu", draw, show, finish, device="cuda", dtype="bfloat16", rates=rates
+        )

@@ -1,5 +1,5 @@
 """paged-vs-padded: chapter 05's paged KV pool against chapter 03's padded, per-request caches, through the
-checkpoints' public API only (one step at a time, see `steppers`):
+checkpoints' public API only (one step at a time, see `OfflineStepper`):
 
 (a) KV memory use: a mixed batch (16 random prompts of 16-512 tokens, 64 greedy tokens each, EOS ignored); after
     every step but the last, the live KV slots against chapter 03's merged cache padded to the longest row and
@@ -18,7 +18,7 @@ from functools import partial
 import chapters
 
 from . import harness
-from .steppers import OfflineStepper
+from .decode_scaling import timed_passes
 
 NAME = "paged-vs-padded"
 HELP = "chapter 05's paged KV pool vs chapter 03's padded caches: KV memory use, throughput, requests per budget"
@@ -35,6 +35,28 @@ QUICK |= {"throughput_max_tokens": [2, 4], "repeats": 1}
 
 def run(args, s: dict) -> dict:
     return harness.save(args, NAME, lambda: measure(args, s), "paged_vs_padded", plot)
+
+
+class OfflineStepper:
+    """A chapter 03-05 `LLM` stepped through its offline scheduler, one step at a time: a step returns (key,
+    token ids so far, finished) for each request that got a token. (Chapter 07's workloads step its engine.)"""
+
+    def __init__(self, module, llm):
+        self.module, self.llm, self.sessions = module, llm, {}
+
+    def add(self, key: str, prompt: list[int], max_tokens: int) -> None:
+        params = self.module.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        self.sessions[key] = self.llm.add_request(prompt, params)
+
+    def step(self) -> list[tuple[str, list[int], bool]]:
+        keys = {id(session): key for key, session in self.sessions.items()}
+        return [
+            (keys[id(session)], list(session.output.token_ids), session.finished)
+            for session, _ in self.llm.scheduler.step()
+        ]
+
+    def busy(self) -> bool:
+        return self.llm.scheduler.has_unfinished_requests()
 
 
 def measure(args, s: dict) -> dict:
@@ -59,7 +81,7 @@ def measure(args, s: dict) -> dict:
         (name, b): (module, make(module, b)) for b in s["batches"] for name, module in (("ch03", ch03), ("ch05", ch05))
     }
     out = dict(settings=s | {"threads": args.threads}, checkpoints=[chapters.checkpoint(n).module for n in (3, 5)])
-    out |= dict(dtype=harness.dtype_of(next(iter(llms.values()))[1]), kv_use=kv, throughput=throughput(s, llms, vocab))
+    out |= dict(dtype=dtype_of(next(iter(llms.values()))[1]), kv_use=kv, throughput=throughput(s, llms, vocab))
     budget_llm = make(ch05, len(mixed), kv_cache_memory=s["budget_mib"] << 20)
     return out | {"budget": budget(s, ch05, budget_llm, mixed)}
 
@@ -101,7 +123,7 @@ def throughput(s: dict, llms: dict, vocab: int) -> dict:
     calls = {
         key: partial(harness.timed_generate, module, llm, prompts, max_tokens) for key, (module, llm) in llms.items()
     }
-    times, outputs = harness.timed_passes(calls, s["repeats"], f"(b) throughput, {len(prompts)} requests")
+    times, outputs = timed_passes(calls, s["repeats"], f"(b) throughput, {len(prompts)} requests")
     rows = []
     for b in s["batches"]:
         row = {"max_batch_size": b}
@@ -173,3 +195,8 @@ def plot(result: dict, path) -> None:
     fit.set_title(f"(c) {fits['budget_mib']} MiB of KV: {fits['requests_offered']} requests offered")
     fit.legend(fontsize=7)
     harness.save_figure(fig, path, result, "chapter 03 vs chapter 05: ")
+
+
+def dtype_of(llm) -> str:
+    """The dtype of a checkpoint's `LLM`'s weights: "float32", ..."""
+    return str(next(llm.model.parameters()).dtype).removeprefix("torch.")

@@ -1,7 +1,7 @@
 """llama.cpp as a peer (see peer_protocol), on an F32 GGUF, through llama-cpp-python's low-level API: its
 `Llama` class decodes one sequence at a time, so this script batches itself. One sequence id per request;
 each `llama_decode` carries one token of every running sequence (decodes first), then as many waiting prompts
-as fit in `max_batch_tokens`; a finished sequence leaves the KV cache at once and a waiting one takes its id
+as fit in `max_num_batched_tokens`; a finished sequence leaves the KV cache at once and a waiting one takes its id
 (continuous batching); the next token is the argmax of the logits (greedy). Runs in .peers/llamacpp."""
 
 import collections
@@ -22,7 +22,7 @@ class Engine:
         params = lc.llama_context_default_params()
         # one KV cache shared by all sequences (unified), large enough to hold every request at once
         params.n_ctx = -(-sum(len(p) + m for p, m in requests) // 256) * 256
-        params.n_batch = params.n_ubatch = options["max_batch_tokens"]
+        params.n_batch = params.n_ubatch = options["max_num_batched_tokens"]
         params.n_seq_max = options["max_num_seqs"]
         params.n_threads = params.n_threads_batch = spec["threads"]
         params.type_k = params.type_v = GGML_TYPE_F32
@@ -58,7 +58,7 @@ class Engine:
                 running[seq] = [i, [], len(prompt) - 1]
                 rows.append((seq, n - 1))
             if n == 0:
-                raise RuntimeError("a prompt is longer than max_batch_tokens")
+                raise RuntimeError("a prompt is longer than max_num_batched_tokens")
             self.batch.n_tokens = n
             if lc.llama_decode(self.context, self.batch) != 0:
                 raise RuntimeError("llama_decode failed")

