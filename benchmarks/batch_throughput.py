@@ -15,6 +15,7 @@ from functools import partial
 
 from . import harness
 from .decode_scaling import checkpoint_record, named_checkpoint, timed_passes
+from .engines import timed_generate
 
 NAME = "batch-throughput"
 HELP = "output tokens/s against batch size (chapter 03)"
@@ -37,7 +38,7 @@ def measure(args, s: dict, name: str, module, tag: str) -> dict:
     sizes, n, largest, m = s["batch_sizes"], s["prompt_len"], max(s["batch_sizes"]), s["max_tokens"]
     llm = module.LLM(model=args.model, max_batch_size=largest)
     prompts = [p for p, _ in harness.random_requests(largest, [n, n], [1, 1], llm.tokenizer.vocab_size, s["seed"])]
-    generate = partial(harness.timed_generate, module, llm)
+    generate = partial(timed_generate, module, llm)
     generate(prompts[:2], 2)  # warm-up: first calls are slower
     calls = {}
     for b in sizes:  # the prefill alone, then with the decode steps

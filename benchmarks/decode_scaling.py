@@ -14,6 +14,7 @@ from functools import partial
 import chapters
 
 from . import harness
+from .engines import timed_generate
 
 NAME = "decode-scaling"
 HELP = "milliseconds per decode step against sequence length, for one chapter checkpoint"
@@ -35,7 +36,7 @@ def measure(args, s: dict, name: str, module, tag: str) -> dict:
     llm = module.LLM(model=args.model)
     lengths, steps, total, vocab = s["lengths"], s["steps"], s["total_tokens"], llm.tokenizer.vocab_size
     prompts = {n: harness.random_requests(1, [n, n], [1, 1], vocab, s["seed"] + n)[0][0] for n in lengths}
-    generate = partial(harness.timed_generate, module, llm)
+    generate = partial(timed_generate, module, llm)
     generate([prompts[lengths[0]]], 2)  # warm-up: first calls are slower
     calls = {}
     for n in lengths:  # the first token alone, then with the decode steps

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .harness import random_requests, timed_generate
+from .harness import random_requests
 from .peer_protocol import Clock
 
 
@@ -260,7 +260,7 @@ def static_batches(hf, requests: list, size: int) -> dict:
 
 def task_hf_continuous(spec: dict) -> dict:
     """transformers' continuous batching through its manager, so that each request keeps its own
-    max_new_tokens (`generate_batch` takes one for all)."""
+    max_new_tokens (`generate_batch` takes one for all). The manager stamps every token it makes."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     hf, load_s = load_timed(lambda: load_hf(spec))
@@ -291,10 +291,9 @@ def task_hf_continuous(spec: dict) -> dict:
                 return [(int(output.request_id), output.generated_tokens, True)]
 
             run = timed_run(requests, desc, submit, advance)
-        t0 = run.pop("t0")  # the manager stamps every token: first and last come from its stamps
-        ends = run["last_token_s"]
-        run["first_token_s"] = [stamps[i][0] - t0 if stamps[i] else None for i in range(len(requests))]
-        run["last_token_s"] = [stamps[i][-1] - t0 if stamps[i] else ends[i] for i in range(len(requests))]
+        t0, got = run.pop("t0"), [stamps[i] for i in range(len(requests))]
+        run["first_token_s"] = [times[0] - t0 if times else None for times in got]
+        run["last_token_s"] = [times[-1] - t0 if times else end for times, end in zip(got, run["last_token_s"])]
         return run
 
     session(spec["warmup"], "warm-up")
@@ -302,7 +301,15 @@ def task_hf_continuous(spec: dict) -> dict:
     return {"engine": "transformers continuous batching", "load_s": load_s, "cb_options": options, **run}
 
 
-# --- chapters -------------------------------------------------------------------------------------------
+def timed_generate(module, llm, prompts: list[list[int]], max_tokens: int | list[int]) -> tuple[float, list]:
+    """(seconds, outputs) of one greedy, EOS-ignoring `generate` with a checkpoint `module`'s own `LLM`."""
+    counts = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    params = [module.SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in counts]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert [len(o.token_ids) for o in outputs] == counts, "a request stopped early"
+    return elapsed, outputs
 
 
 def task_checkpoint(spec: dict) -> dict:

@@ -235,7 +235,7 @@ def check_against(reference: dict, tokens: list | dict) -> dict:
     return dict(requests=len(reference), tokens_each=tokens_each, passed=passed, mismatches=mismatches)
 
 
-# --- statistics ------------------------------------------------------------------------------------------
+# --- results: statistics, files, tables, figures -----------------------------------------------------------
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -252,9 +252,6 @@ def median_p90(values: list, scale: float = 1.0, digits: int = 2) -> dict:
     if not values:
         return {"median": None, "p90": None}
     return {"median": round(percentile(values, 50), digits), "p90": round(percentile(values, 90), digits)}
-
-
-# --- result files ----------------------------------------------------------------------------------------
 
 
 def measured(args, workload: str, measure, device: str = "cpu") -> dict:
@@ -310,9 +307,6 @@ def print_table(rows: list[dict], columns: dict[str, str]) -> None:
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))))
 
 
-# --- figures ---------------------------------------------------------------------------------------------
-
-
 def figure_axes(rows: int, cols: int, size: tuple[float, float]):
     """A matplotlib figure (Agg) with a grid of axes: (figure, axes[row][col])."""
     import matplotlib
@@ -336,17 +330,3 @@ def save_figure(fig, path: Path, result: dict, prefix: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-# --- a checkpoint's public `LLM.generate`, in this process (the chapters workload and chapter workloads) -------
-
-
-def timed_generate(module, llm, prompts: list[list[int]], max_tokens: int | list[int]) -> tuple[float, list]:
-    """(seconds, outputs) of one greedy, EOS-ignoring `generate` with a checkpoint `module`'s own `LLM`."""
-    counts = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
-    params = [module.SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in counts]
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    assert [len(o.token_ids) for o in outputs] == counts, "a request stopped early"
-    return elapsed, outputs

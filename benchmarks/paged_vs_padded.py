@@ -19,6 +19,7 @@ import chapters
 
 from . import harness
 from .decode_scaling import timed_passes
+from .engines import timed_generate
 
 NAME = "paged-vs-padded"
 HELP = "chapter 05's paged KV pool vs chapter 03's padded caches: KV memory use, throughput, requests per budget"
@@ -120,9 +121,7 @@ def throughput(s: dict, llms: dict, vocab: int) -> dict:
     lengths, max_tokens = s["throughput_lengths"], s["throughput_max_tokens"]
     requests = harness.random_requests(s["throughput_requests"], lengths, max_tokens, vocab, s["seed"] + 1)
     prompts, max_tokens = [p for p, _ in requests], [m for _, m in requests]
-    calls = {
-        key: partial(harness.timed_generate, module, llm, prompts, max_tokens) for key, (module, llm) in llms.items()
-    }
+    calls = {key: partial(timed_generate, module, llm, prompts, max_tokens) for key, (module, llm) in llms.items()}
     times, outputs = timed_passes(calls, s["repeats"], f"(b) throughput, {len(prompts)} requests")
     rows = []
     for b in s["batches"]:
