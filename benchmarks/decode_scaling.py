@@ -119,10 +119,11 @@ def timed_passes(calls: dict, repeats: int, label: str) -> tuple[dict, dict]:
     return times, outputs
 
 
+def dtype_of(llm) -> str:
+    """The dtype of a checkpoint's `LLM`'s weights: "float32", ..."""
+    return str(next(llm.model.parameters()).dtype).removeprefix("torch.")
+
+
 def checkpoint_record(name: str, module, llm) -> dict:
     """Which checkpoint a chapter workload measured, and in which dtype."""
-    return {
-        "checkpoint": name,
-        "chapter": module.__chapter__,
-        "dtype": str(next(llm.model.parameters()).dtype).removeprefix("torch."),
-    }
+    return {"checkpoint": name, "chapter": module.__chapter__, "dtype": dtype_of(llm)}

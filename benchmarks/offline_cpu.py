@@ -74,11 +74,12 @@ def run_workload(args, s: dict, workload: str, name: str, draw, show, finish=lam
         raise SystemExit(f"unknown engines {sorted(set(engines) - set(ENGINES))}; choose from {', '.join(ENGINES)}")
     for peer in chosen:
         peers.install(peer)
-    on = device.get("device", "cpu")
-    result = harness.measured(args, workload, lambda: finish(measure(args, s, engines, chosen, **device)), on)
+    where = device.get("device", "cpu")
+    result = harness.measured(args, workload, lambda: finish(measure(args, s, engines, chosen, **device)), where)
     json_path, figure = harness.output_paths(args, name)
     figures = [figure] + ([figure.with_name(figure.stem + "_batch_sweep.png")] if result["decode_sweep"] else [])
-    return harness.write(result, json_path, figures, draw, show, "rosellm's greedy tokens differ from transformers'")
+    wrong = "rosellm's greedy tokens differ from transformers' (see 'check')"
+    return harness.write(result, json_path, figures, draw, show, wrong)
 
 
 def kv_blocks(requests: list, block_size: int) -> int:

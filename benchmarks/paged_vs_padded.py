@@ -18,7 +18,7 @@ from functools import partial
 import chapters
 
 from . import harness
-from .decode_scaling import timed_passes
+from .decode_scaling import dtype_of, timed_passes
 from .engines import timed_generate
 
 NAME = "paged-vs-padded"
@@ -194,8 +194,3 @@ def plot(result: dict, path) -> None:
     fit.set_title(f"(c) {fits['budget_mib']} MiB of KV: {fits['requests_offered']} requests offered")
     fit.legend(fontsize=7)
     harness.save_figure(fig, path, result, "chapter 03 vs chapter 05: ")
-
-
-def dtype_of(llm) -> str:
-    """The dtype of a checkpoint's `LLM`'s weights: "float32", ..."""
-    return str(next(llm.model.parameters()).dtype).removeprefix("torch.")

@@ -84,7 +84,9 @@ def environment(peer: Peer, threads: int) -> dict:
     if peer.name == "vllm":
         preload = sorted(str(p) for p in (PEERS_DIR / "vllm").glob("lib/**/libiomp5.so"))[:1]
         preload += [lib for lib in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",) if Path(lib).is_file()]
-        env |= {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "LD_PRELOAD": ":".join(preload)}
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+        if preload:
+            env["LD_PRELOAD"] = ":".join(preload)
     return env
 
 
