@@ -94,10 +94,10 @@ def load_words(share: float | None) -> str:
     )
 
 
-def run_line(result: dict, share: float | None = None) -> str:
+def run_line(result: dict) -> str:
     m = result["machine"]
     threads = m["torch_threads"]
-    share = share if share is not None else m.get("other_processes_cpu_share", result.get("other_processes_cpu_share"))
+    share = m.get("other_processes_cpu_share", result.get("other_processes_cpu_share"))
     return (
         f"*Measured on {result['date']} with `{result['command']}`: {m['cpu']} ({m['cpu_cores']} cores), "
         f"torch {m['torch']} with {threads} thread{'s' if threads != 1 else ''}, "
