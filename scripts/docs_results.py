@@ -18,6 +18,15 @@ A line of its own in a page
 
 is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
 with the machine and the load other processes put on it while they were measured.
+
+One value of a result file, anywhere in a sentence:
+
+    <!-- value: FILE.json dotted.path.0.key FORMAT -->
+
+is replaced by that value written with the Python format spec FORMAT (`.1f`, `.0%`, `,d`; left out: as it
+is). Numbers in the path index lists (`-1`: the last item). A missing file or key fails the build, naming
+both. A marker written between backticks (`` `<!-- value: ... -->` ``) is left as it is, so that a page can
+show the syntax.
 """
 
 import json
@@ -27,6 +36,7 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 MARKER = re.compile(r"^<!--\s*measured:\s*([\w-]+)((?:\s+[\w.-]+)*)\s*-->[ \t]*$", re.MULTILINE)
+VALUE = re.compile(r"(?<!`)<!--\s*value:\s*([\w./-]+\.json)\s+([\w.-]+)(?:\s+(\S+?))?\s*-->(?!`)")
 BUSY_SHARE = 0.10  # above this share of the CPU used by other processes, a run is flagged as measured under load
 
 
@@ -39,7 +49,28 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             raise PluginError(f"{page.file.src_path}: unknown results block {kind!r}")
         return BLOCKS[kind](results, *args)
 
-    return MARKER.sub(expand, markdown)
+    def value(match: re.Match) -> str:
+        name, path, spec = match.groups()
+        try:
+            return format(lookup(load(results, name), path, f"benchmarks/results/{name}"), spec or "")
+        except (KeyError, ValueError, PluginError) as error:
+            raise PluginError(f"{page.file.src_path}: {match.group(0)}: {error.args[0]}") from None
+
+    return VALUE.sub(value, MARKER.sub(expand, markdown))
+
+
+def lookup(result, path: str, name: str = "the result file"):
+    """The value at a dotted path of result file `name` (`engines.0.output_tokens_per_s`: numbers index lists)."""
+    found = result
+    for i, key in enumerate(path.split(".")):
+        where = ".".join(path.split(".")[:i]) or "the top level"
+        if isinstance(found, list) and re.fullmatch(r"-?\d+", key) and -len(found) <= int(key) < len(found):
+            found = found[int(key)]
+        elif isinstance(found, dict) and key in found:
+            found = found[key]
+        else:
+            raise KeyError(f"{name} has no key {key!r} at {where} (the path {path!r})")
+    return found
 
 
 def load(results: Path, name: str) -> dict:
@@ -63,10 +94,10 @@ def load_words(share: float | None) -> str:
     )
 
 
-def run_line(result: dict, share: float | None = None) -> str:
+def run_line(result: dict) -> str:
     m = result["machine"]
     threads = m["torch_threads"]
-    share = share if share is not None else m.get("other_processes_cpu_share", result.get("other_processes_cpu_share"))
+    share = m.get("other_processes_cpu_share", result.get("other_processes_cpu_share"))
     return (
         f"*Measured on {result['date']} with `{result['command']}`: {m['cpu']} ({m['cpu_cores']} cores), "
         f"torch {m['torch']} with {threads} thread{'s' if threads != 1 else ''}, "
@@ -319,18 +350,20 @@ def block_serve(results: Path, name: str) -> str:
 
 
 def server_load_lines(result: dict) -> str:
-    """The run line with the load seen while rosellm's server ran; a peer server's worker processes (which the
-    benchmark starts but does not reap) count as "other processes" in the load counter, so their share is
-    stated apart instead of flagging the whole run."""
-    servers = {x["server"]: x for x in result.get("servers", [])}
-    own = servers.get("rosellm", {}).get("other_processes_cpu_share")
-    peers = [
-        f"while {x['label']} ran, {100 * x['other_processes_cpu_share']:.0f} % of the CPU was counted outside the "
-        "benchmark's own process tree: that server's worker processes, started under it but not reaped by it"
-        for x in servers.values()
-        if x["server"] != "rosellm" and x.get("other_processes_cpu_share")
+    """The run line with the load the run recorded, then the share each server saw while it ran: a peer server's
+    worker processes (which the benchmark starts but does not reap) count as "other processes" while it runs."""
+    seen = [
+        f"while {x['label']} ran, {100 * x['other_processes_cpu_share']:.0f} %"
+        + (
+            ""
+            if x["server"] == "rosellm"
+            else " (its own worker processes, started under it but not reaped by it, included)"
+        )
+        for x in result.get("servers", [])
+        if x.get("other_processes_cpu_share") is not None
     ]
-    return run_line(result, own) + ("".join(f"*Note: {p}.*\n" for p in peers) if peers else "")
+    per_server = f"\n*Other processes' share of the CPU, per server: {'; '.join(seen)}.*\n" if len(seen) > 1 else ""
+    return run_line(result) + per_server
 
 
 def block_cpu_ablation(results: Path, name: str) -> str:
