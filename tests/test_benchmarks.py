@@ -152,6 +152,99 @@ def test_chapter_workload_quick(workload, tiny_gqa, tmp_path):
         assert result["budget"]["measured_peak_running"] >= 1
 
 
+# --- which checkpoint each workload measures ------------------------------------------------------------------
+
+NAMED = {  # the workloads that name their checkpoints; every other one measures its own chapter's
+    "cpu-ablation": lambda chapter: {chapter - 1, chapter},
+    "arrivals": lambda chapter: {5, chapter},
+    "paged-vs-padded": lambda chapter: {3, chapter},
+    "chapters": lambda chapter: {point.number for point in chapters.checkpoints()},
+}
+
+
+class Measured(Exception):
+    """Raised where a workload would start measuring: what it chose has been noted by then."""
+
+
+class NotLoaded:
+    """What a stubbed `Checkpoint.load` returns: the workload's first use of the package stops it."""
+
+    def __getattr__(self, name):
+        raise Measured(name)
+
+
+@pytest.fixture
+def a_later_chapter(monkeypatch):
+    """A chapter 13 after the latest, that nothing may load: each workload must still measure its own chapter."""
+    from benchmarks import harness, serve
+
+    real = chapters.checkpoints()
+    later = chapters.Checkpoint(
+        real[-1].number + 1, "later", f"ch{real[-1].number + 1:02d}_later", "later_chapter", ROOT, frozenset()
+    )
+    monkeypatch.setattr(chapters, "checkpoints", lambda: [*real, later])
+    chosen = []
+
+    def load(point):
+        chosen.append(point.module)
+        return NotLoaded()
+
+    def run_engine(task, spec, label):
+        if task in ("rosellm", "checkpoint"):  # without a module, the rosellm task runs `rosellm`, the latest
+            chosen.append(spec["checkpoint"] if task == "checkpoint" else spec.get("module", "rosellm"))
+        return {"error": "not run"}  # what a failed engine process gives
+
+    def run_process(argv, spec, label, env=None):
+        if "module" in spec:
+            chosen.append(spec["module"])
+        return {"rows": []}
+
+    def start_server(server):
+        if server.name == "rosellm":
+            chosen.append(server.argv[server.argv.index("-m") + 1])
+        raise Measured(server.name)
+
+    rates = {"gemm": {"flops_best": 1e10}, "bandwidth": {"bytes_per_s_best": 1e10}}
+    monkeypatch.setattr(chapters.Checkpoint, "load", load)
+    monkeypatch.setattr(harness, "run_engine", run_engine)
+    monkeypatch.setattr(harness, "run_process", run_process)
+    monkeypatch.setattr(harness, "describe_machine", lambda *args: {})
+    monkeypatch.setattr(harness, "measure_rates", lambda *args, **kwargs: rates)
+    monkeypatch.setattr(harness, "write", lambda *args: (_ for _ in ()).throw(Measured("write")))
+    monkeypatch.setattr(serve.Server, "__enter__", start_server)
+    return later, chosen
+
+
+def test_every_workload_measures_its_own_chapter_whatever_the_latest(a_later_chapter, tiny_gqa, tmp_path):
+    """With a chapter after the latest, each workload still runs the checkpoints of its chapter (or those it
+    names) and never the latest; workloads that take `--checkpoint` default to their own chapter."""
+    from benchmarks import WORKLOADS, harness
+    from benchmarks.__main__ import workload_parser
+
+    later, chosen = a_later_chapter
+    for name, (_, chapter) in WORKLOADS.items():
+        parser, module = workload_parser(name)
+        if "checkpoint" in module.FULL:
+            assert harness.named_checkpoint(module.FULL["checkpoint"]).number == chapter, name
+        if name == "offline-gpu":
+            continue  # offline-cpu's engines on a GPU: measured where CUDA exists (its default checked above)
+        argv = [
+            "--quick",
+            "--model",
+            str(tiny_gqa),
+            "--json",
+            str(tmp_path / "r.json"),
+            "--figure",
+            str(tmp_path / "r.png"),
+        ]
+        args = parser.parse_args(argv)
+        chosen.clear()
+        with pytest.raises(Measured):
+            module.run(args, harness.settings(args, module.FULL, module.QUICK))
+        expected = {chapters.checkpoint(n).module for n in NAMED.get(name, lambda c: {c})(chapter)}
+        assert set(chosen) == expected, f"{name} (chapter {chapter}) measured {sorted(set(chosen))}"
+
+
 def test_every_workload_declares_a_chapter_that_exists():
     from benchmarks import WORKLOADS
 
