@@ -13,6 +13,7 @@ The attention's own FLOP and KV-cache reads come on top: both rooflines are uppe
 
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -357,10 +358,11 @@ def save_figure(fig, path: Path, result: dict, prefix: str = "") -> None:
     m = result["machine"]
     other = m.get("other_processes_cpu_share")
     other = "?" if other is None else f"{other:.0%}"
-    caption = f"{prefix}{result['model']}; {m['cpu']}, {m['torch_threads']} torch threads; other processes used"
-    # wrapped to the figure's width (an 8-point character is about 4.5 points wide): never cut at its edges
-    width = int(fig.get_figwidth() * 72 / 4.5) - 4
-    fig.suptitle(textwrap.fill(f"{caption} {other} of the CPU", width), fontsize=8)
+    threads = f"{m['torch_threads']} torch thread" + ("s" if m["torch_threads"] != 1 else "")
+    caption = f"{prefix}{result['model']}; {m['cpu']}, {threads}; other processes used {other} of the CPU"
+    # on lines of even lengths that fit the figure (an 8-point character is about 4.5 points wide): never cut
+    fits = int(fig.get_figwidth() * 72 / 4.5) - 4
+    fig.suptitle(textwrap.fill(caption, math.ceil(len(caption) / math.ceil(len(caption) / fits)) + 2), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
