@@ -41,7 +41,9 @@ def run_quick(workload: str, model: Path, tmp_path: Path, *extra: str, fakes: di
     else:
         run_with_fake_peers(argv, fakes)
     assert figure.is_file() and figure.stat().st_size > 0
-    result = json.loads(json_path.read_text())
+    text = json_path.read_text()
+    assert str(tmp_path) not in text and str(model) not in text  # the model's temporary folder: by its name
+    result = json.loads(text)
     assert result["workload"] == workload and result["quick"] is True and result["correct"] is True
     assert result["command"].startswith(f"python -m benchmarks {workload}") and "--json" not in result["command"]
     assert result["machine"]["torch_threads"] == 1 and "other_processes_cpu_share" in result["machine"]
