@@ -86,11 +86,8 @@ def named_checkpoint(text: str):
 
 def rosellm_label(point, short: bool = False) -> str:
     """How a checkpoint's engine is named in tables and figures: "rosellm (ch07, continuous batching)"."""
-    return (
-        f"rosellm (ch{point.number:02d})"
-        if short
-        else f"rosellm (ch{point.number:02d}, {point.slug.replace('_', ' ')})"
-    )
+    tag = f"ch{point.number:02d}"
+    return f"rosellm ({tag})" if short else f"rosellm ({tag}, {point.slug.replace('_', ' ')})"
 
 
 # --- requests and model ----------------------------------------------------------------------------------
