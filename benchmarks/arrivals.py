@@ -90,19 +90,18 @@ def serve(stepper, requests: list, every: int) -> dict:
 
 
 def measure(args, s: dict) -> dict:
-    ch05, ch07 = chapters.checkpoint(5).load(), chapters.checkpoint(7).load()
+    before, after = chapters.checkpoint(5), chapters.checkpoint(CHAPTER)
+    ch05, ch07 = before.load(), after.load()
     pool = {"block_size": s["block_size"], "num_kv_blocks": s["num_kv_blocks"]}
     steppers = {
-        "ch05_paged_attention": OfflineStepper(ch05, ch05.LLM(args.model, max_batch_size=s["max_batch"], **pool)),
-        "ch07_continuous_batching": EngineStepper(
-            ch07, ch07.LLMEngine(args.model, max_num_seqs=s["max_batch"], **pool)
-        ),
+        before.name: OfflineStepper(ch05, ch05.LLM(args.model, max_batch_size=s["max_batch"], **pool)),
+        after.name: EngineStepper(ch07, ch07.LLMEngine(args.model, max_num_seqs=s["max_batch"], **pool)),
     }
-    vocab = steppers["ch05_paged_attention"].llm.tokenizer.vocab_size
+    vocab = steppers[before.name].llm.tokenizer.vocab_size
     requests = harness.random_requests(s["requests"], s["prompt_len"], s["max_tokens"], vocab, s["seed"])
     results = {name: serve(stepper, requests, s["every"]) for name, stepper in steppers.items()}
     old, new = (r.pop("tokens") for r in results.values())
-    del results["ch05_paged_attention"]["preemptions"], results["ch05_paged_attention"]["recomputed_tokens"]
+    del results[before.name]["preemptions"], results[before.name]["recomputed_tokens"]
     a, b = results.values()
     for name, r in results.items():
         print(
@@ -120,10 +119,22 @@ def measure(args, s: dict) -> dict:
 
 
 def plot(result: dict, path) -> None:
-    names = list(result["results"])
+    """Output tokens/s (left) and the time to first token in engine steps, median and p90 (right), per chapter."""
+    runs, s = result["results"], result["settings"]
+    names = [name[:4] + "\n" + name[5:].replace("_", " ") for name in runs]  # "ch05\npaged attention"
+    colors = ["tab:gray", "tab:red"]
     fig, ((speed, ttft),) = harness.figure_axes(1, 2, (10, 4))
-    speed.bar(names, [result["results"][n]["output_tokens_per_s"] for n in names], color=["tab:gray", "tab:red"])
+    bars = speed.bar(names, [r["output_tokens_per_s"] for r in runs.values()], color=colors)
+    speed.bar_label(bars, [f"{r['output_tokens_per_s']:.1f}" for r in runs.values()], fontsize=9)
     speed.set(ylabel="output tokens/s", title="throughput")
-    ttft.bar(names, [result["results"][n]["ttft_median_steps"] for n in names], color=["tab:gray", "tab:red"])
-    ttft.set(ylabel="engine steps", title="median time to first token, in steps")
-    harness.save_figure(fig, path, result, "arrivals: ")
+    for offset, key, hatch in ((-0.2, "ttft_median_steps", ""), (0.2, "ttft_p90_steps", "//")):
+        values = [r[key] for r in runs.values()]
+        bars = ttft.bar([i + offset for i in range(len(runs))], values, 0.4, color=colors, hatch=hatch)
+        ttft.bar_label(bars, [f"{v:.0f}" for v in values], fontsize=9)
+    ttft.set_xticks(range(len(runs)), names)
+    ttft.set(ylabel="engine steps", title="time to first token, in steps: median, p90 (hatched)")
+    for ax in (speed, ttft):
+        ax.tick_params(axis="x", labelsize=9)
+        ax.margins(y=0.15)
+    arriving = f"{s['requests']} requests, one every {s['every']} steps, a pool of {s['num_kv_blocks']} blocks; "
+    harness.save_figure(fig, path, result, arriving)

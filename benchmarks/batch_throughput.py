@@ -14,20 +14,26 @@ kept: other work on the machine only adds time. (What padding costs a mixed batc
 from functools import partial
 
 from . import harness
-from .decode_scaling import checkpoint_record, named_checkpoint, timed_passes
+from .decode_scaling import checkpoint_record, timed_passes
 from .engines import timed_generate
 
 NAME = "batch-throughput"
 HELP = "output tokens/s against batch size (chapter 03)"
 CHAPTER = 3
 
-FULL = {"checkpoint": "3", "batch_sizes": [1, 2, 4, 8, 16, 32], "prompt_len": 64, "max_tokens": 64, "repeats": 3}
+FULL = {
+    "checkpoint": str(CHAPTER),
+    "batch_sizes": [1, 2, 4, 8, 16, 32],
+    "prompt_len": 64,
+    "max_tokens": 64,
+    "repeats": 3,
+}
 FULL |= {"seed": 0}
 QUICK = {"batch_sizes": [1, 2], "prompt_len": 8, "max_tokens": 4, "repeats": 1}
 
 
 def run(args, s: dict) -> dict:
-    point = named_checkpoint(s["checkpoint"])
+    point = harness.named_checkpoint(s["checkpoint"])
     module = point.load()
     tag = f"ch{module.__chapter__[:2]}"
     measure_it = partial(measure, args, s, point.module, module, tag)

@@ -1,5 +1,5 @@
-"""chapters (DESIGN.md §6): every chapter checkpoint on one small workload, so the book can show how each
-chapter moved the needle.
+"""chapters: every chapter checkpoint on one small workload, so the book can show how each chapter moved the
+needle.
 
 8 requests of random prompt token ids (32-128 tokens), 32 output tokens each, greedy, EOS ignored, through
 each checkpoint's public `LLM.generate` only (chapter 01 recomputes the whole prefix for every token: the
@@ -15,7 +15,7 @@ import chapters
 from . import harness
 
 NAME = "chapters"
-HELP = "DESIGN §6 chapters: every chapter checkpoint on one small workload (tokens/s per chapter)"
+HELP = "every chapter checkpoint on one small workload (tokens/s per chapter)"
 CHAPTER = 7  # runs through the engines' processes, which drive chapter 07's step engine
 
 FULL = {"requests": 8, "prompt_len": [32, 128], "max_tokens": 32, "batch": 8, "seed": 0}
@@ -74,13 +74,26 @@ def measure(args, s: dict) -> dict:
         row["share_of_roofline_output"] = round(row["output_tokens_per_s"] / roof["compute_tokens_per_s"], 4)
         row["identical_to_latest"] = tokens[row["chapter"]] == tokens[max(tokens)]
         row["speedup_vs_first"] = round(row["output_tokens_per_s"] / done[0]["output_tokens_per_s"], 2)
+    single = chapter_ranges([row["chapter"] for row in rows if not row["options"]])
+    batched = chapter_ranges([row["chapter"] for row in rows if row["options"]])
     notes = [
         "tokens/s = all output tokens / wall time of one LLM.generate over all requests (model loaded and "
-        "warmed up before); chapters 01-02 serve one request at a time, 03-07 batch up to `batch`."
+        f"warmed up before); chapters {single} serve one request at a time, {batched} batch up to `batch`."
     ]
     correct = bool(rows) and all(row.get("check", {}).get("passed") for row in rows)
     out = dict(settings=s | {"greedy": True, "ignore_eos": True, "threads": args.threads}, dtype="float32")
     return out | dict(parameters=params, roofline=roof, chapters=rows, correct=correct, notes=notes)
+
+
+def chapter_ranges(numbers: list[int]) -> str:
+    """Chapter numbers as runs: [1, 2, 3, 6, 7, 8] -> "01-03, 06-08"; "none" when there are none."""
+    runs = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{a:02d}" if a == b else f"{a:02d}-{b:02d}" for a, b in runs) or "none"
 
 
 def report(result: dict) -> None:
@@ -89,12 +102,17 @@ def report(result: dict) -> None:
 
 def plot(result: dict, path) -> None:
     rows, s = [r for r in result["chapters"] if "error" not in r], result["settings"]
-    fig, ((ax,),) = harness.figure_axes(1, 1, (9, 4))
-    names = [f"ch{r['chapter']:02d}\n{r['slug'][3:].replace('_', ' ')}" for r in rows]
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ((ax,),) = harness.figure_axes(1, 1, (10, 4.6))
+    # the chapter's tag, then its title a word a line: twelve labels side by side without overlapping
+    names = [f"ch{r['chapter']:02d}\n" + "\n".join(r["slug"][3:].split("_")) for r in rows]
     bars = ax.bar(names, [r["output_tokens_per_s"] for r in rows], color="tab:red")
-    ax.bar_label(bars, [f"{r['output_tokens_per_s']:.0f}" for r in rows], fontsize=8)
+    ax.bar_label(bars, [f"{r['output_tokens_per_s']:.0f}" for r in rows], fontsize=9)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}" if f"{value:.0e}"[0] in "25" else ""))
     title = f"throughput per chapter: {s['requests']} requests x {s['max_tokens']} tokens, batch {s['batch']}"
     ax.set(ylabel="output tokens/s (log scale)", title=title)
-    ax.tick_params(axis="x", labelsize=8)
+    ax.tick_params(axis="x", labelsize=9)
     harness.save_figure(fig, path, result)

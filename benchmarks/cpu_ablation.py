@@ -1,10 +1,10 @@
 """cpu-ablation: chapter 11's speed-ups one at a time, on offline-cpu's requests.
 
 The same requests (offline-cpu's distribution: prompts of 32-512 tokens, 32-256 new tokens, greedy, EOS
-ignored) through five engines, each in a process of its own:
+ignored) through four engines, each in a process of its own:
   ch10                 chapter 10's checkpoint (attention "torch")
-  + fused, packed      chapter 11, `enforce_eager=True, attention_backend="torch"`: QKV and gate-up fused,
-                       every projection on oneDNN-packed weights
+  + fused, packed      chapter 11's checkpoint, `enforce_eager=True, attention_backend="torch"`: QKV and
+                       gate-up fused, every projection on oneDNN-packed weights
   + in-place decode    the same with `attention_backend="cpu"`: decode rows read the pool in place (compiled)
   + compiled layers    chapter 11's defaults: the decoder layers compiled too
 Every run's greedy tokens must equal the first's; the first and last are profiled (`torch.profiler` with the
@@ -26,17 +26,33 @@ CHAPTER = 11
 FULL = {"requests": 64, "prompt_len": [32, 512], "max_tokens": [32, 256], "seed": 0, "profile_every": 5}
 FULL |= {"max_num_seqs": 64, "max_batch_tokens": 2048}
 QUICK = {"requests": 5, "prompt_len": [8, 40], "max_tokens": [4, 12], "profile_every": 2, "max_batch_tokens": 256}
-STEPS = [  # (label, checkpoint, engine options)
-    ("ch10", "ch10", {}),
-    ("+ fused, packed GEMMs", "latest", {"enforce_eager": True, "attention_backend": "torch"}),
-    ("+ in-place decode attention", "latest", {"enforce_eager": True, "attention_backend": "cpu"}),
-    ("+ compiled layers (ch11)", "latest", {}),
+STEPS = [  # (what the step adds, its chapter: the one before this or this one, engine options)
+    ("", CHAPTER - 1, {}),
+    ("+ fused, packed GEMMs", CHAPTER, {"enforce_eager": True, "attention_backend": "torch"}),
+    ("+ in-place decode attention", CHAPTER, {"enforce_eager": True, "attention_backend": "cpu"}),
+    ("+ compiled layers", CHAPTER, {}),
 ]
-COLUMNS = {"label": "step", "output_tokens_per_s": "output tok/s", "speedup": "x ch10", "same_tokens": "same tokens"}
+
+
+def columns(result: dict) -> dict:
+    first = result["steps"][0]["label"]
+    return {
+        "label": "step",
+        "output_tokens_per_s": "output tok/s",
+        "speedup": f"x {first}",
+        "same_tokens": "same tokens",
+    }
+
+
+def step_label(index: int, text: str, point) -> str:
+    """A step's label, its chapter's tag from the checkpoint: the first is the tag alone, the last (the
+    chapter whole) ends with it."""
+    tag = f"ch{point.number:02d}"
+    return f"{text} ({tag})" if index == len(STEPS) - 1 else text or tag
 
 
 def run(args, s: dict) -> dict:
-    wrong = "an ablation step's greedy tokens differ from chapter 10's"
+    wrong = f"an ablation step's greedy tokens differ from chapter {CHAPTER - 1:02d}'s"
     return harness.save(args, NAME, lambda: measure(args, s), "cpu_ablation", plot, "ch11_ablation", report, wrong)
 
 
@@ -48,8 +64,9 @@ def measure(args, s: dict) -> dict:
     options = dict(max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_batch_tokens"], block_size=16)
     options |= dict(max_model_len=longest + 1, num_kv_blocks=sum(-(-(len(p) + m) // 16) for p, m in requests) + 64)
     rows, first_tokens = [], None
-    for index, (label, which, extra) in enumerate(STEPS):
-        point = chapters.latest() if which == "latest" else chapters.checkpoint(which)
+    for index, (text, chapter, extra) in enumerate(STEPS):
+        point = chapters.checkpoint(chapter)
+        label = step_label(index, text, point)
         spec = dict(model=args.model, threads=args.threads, requests=requests, warmup=warmup, module=point.module)
         spec["engine_options"] = options | extra
         if index in (0, len(STEPS) - 1):
@@ -72,7 +89,7 @@ def measure(args, s: dict) -> dict:
 
 
 def report(result: dict) -> None:
-    harness.print_table(result["steps"], COLUMNS)
+    harness.print_table(result["steps"], columns(result))
 
 
 def plot(result: dict, path) -> None:

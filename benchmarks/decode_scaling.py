@@ -3,15 +3,13 @@
 For each prompt length n, a prompt of n random token ids is generated from twice, greedily with EOS ignored:
 once with `max_tokens=1` (the first token: one forward over the prompt) and once with `max_tokens=1+k`. The
 difference divided by k is the cost of one decode step at a context of about n tokens. Only the public `LLM`
-API is used, so the same workload measures every chapter's checkpoint:
+API is used, so the same workload measures every chapter's checkpoint (by default this chapter's):
 
     python -m benchmarks decode-scaling --checkpoint chapters.ch01_naive_decode.rosellm
 """
 
 import statistics
 from functools import partial
-
-import chapters
 
 from . import harness
 from .engines import timed_generate
@@ -20,13 +18,13 @@ NAME = "decode-scaling"
 HELP = "milliseconds per decode step against sequence length, for one chapter checkpoint"
 CHAPTER = 2
 
-FULL = {"checkpoint": "rosellm", "lengths": [16, 64, 128, 256, 384, 512], "steps": 4, "repeats": 3, "seed": 0}
+FULL = {"checkpoint": str(CHAPTER), "lengths": [16, 64, 128, 256, 384, 512], "steps": 4, "repeats": 3, "seed": 0}
 FULL |= {"total_tokens": 96}  # one whole generation from the shortest prompt, to check that the steps add up
 QUICK = {"lengths": [8, 16], "steps": 2, "repeats": 1, "total_tokens": 8}
 
 
 def run(args, s: dict) -> dict:
-    point = named_checkpoint(s["checkpoint"])
+    point = harness.named_checkpoint(s["checkpoint"])
     module = point.load()
     tag = f"ch{module.__chapter__[:2]}"
     return harness.save(args, NAME, partial(measure, args, s, point.module, module, tag), f"decode_scaling_{tag}", plot)
@@ -98,12 +96,6 @@ def plot(result: dict, path) -> None:
 
 
 # --- timing a checkpoint's `LLM.generate` in passes (also chapter 03's and 05's workloads) --------------------
-
-
-def named_checkpoint(text: str) -> chapters.Checkpoint:
-    """A checkpoint named on a command line: by chapter ("3", "ch03", ...) or by module ("rosellm",
-    "chapters.ch03_batch_decode.rosellm")."""
-    return next((point for point in chapters.checkpoints() if text == point.module), None) or chapters.checkpoint(text)
 
 
 def timed_passes(calls: dict, repeats: int, label: str) -> tuple[dict, dict]:

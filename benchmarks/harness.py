@@ -13,13 +13,16 @@ The attention's own FLOP and KV-cache reads come on top: both rooflines are uppe
 
 import datetime
 import json
+import math
 import os
 import platform
 import random
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -71,6 +74,20 @@ def command_line() -> str:
     argv, paths = sys.argv[1:], ("--json", "--figure")
     kept = [arg for i, arg in enumerate(argv) if arg not in paths and (i == 0 or argv[i - 1] not in paths)]
     return "python -m benchmarks " + " ".join(kept)
+
+
+def named_checkpoint(text: str):
+    """A checkpoint named on a command line: by chapter ("3", "ch03", ...) or by module ("rosellm",
+    "chapters.ch03_batch_decode.rosellm")."""
+    import chapters
+
+    return next((point for point in chapters.checkpoints() if text == point.module), None) or chapters.checkpoint(text)
+
+
+def rosellm_label(point, short: bool = False) -> str:
+    """How a checkpoint's engine is named in tables and figures: "rosellm (ch07, continuous batching)"."""
+    tag = f"ch{point.number:02d}"
+    return f"rosellm ({tag})" if short else f"rosellm ({tag}, {point.slug.replace('_', ' ')})"
 
 
 # --- requests and model ----------------------------------------------------------------------------------
@@ -267,11 +284,25 @@ def measured(args, workload: str, measure, device: str = "cpu") -> dict:
     return result | {"wall_s": round(time.perf_counter() - started, 1)}
 
 
+def portable(value):
+    """`value` (a result, or any part of it) with this machine's paths rewritten wherever they appear: a path
+    in the repository relative to it, one in the home folder from `~`, a temporary file by its name alone."""
+    if isinstance(value, dict):
+        return {key: portable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [portable(item) for item in value]
+    if not isinstance(value, str):
+        return value
+    temporary = re.escape(str(Path(tempfile.gettempdir()).resolve()))
+    value = re.sub(temporary + r"/(?:[^/\s:\"']+/)*", "", value.replace(f"{ROOT}/", ""))
+    return value.replace(f"{Path.home()}/", "~/")
+
+
 def write(result: dict, json_path: Path, figures: list[Path], plot, report, wrong: str) -> dict:
-    """Write a result's JSON, draw its figures (`plot(result, *figures)`), print its report; exit with status 1
-    if an engine it vouches for gave wrong tokens (`wrong` says which)."""
-    paths = [Path(path).resolve() for path in figures]
-    result["figures"] = [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths]
+    """Write a result's JSON (with `portable` paths), draw its figures (`plot(result, *figures)`), print its
+    report; exit with status 1 if an engine it vouches for gave wrong tokens (`wrong` says which)."""
+    result["figures"] = [str(Path(path).resolve()) for path in figures]
+    result |= portable(result)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, *figures)
@@ -324,8 +355,11 @@ def save_figure(fig, path: Path, result: dict, prefix: str = "") -> None:
     m = result["machine"]
     other = m.get("other_processes_cpu_share")
     other = "?" if other is None else f"{other:.0%}"
-    caption = f"{result['model']}; {m['cpu']}, {m['torch_threads']} torch threads; other processes used {other}"
-    fig.suptitle(f"{prefix}{caption} of the CPU", fontsize=8)
+    threads = f"{m['torch_threads']} torch thread" + ("s" if m["torch_threads"] != 1 else "")
+    caption = f"{prefix}{result['model']}; {m['cpu']}, {threads}; other processes used {other} of the CPU"
+    # on lines of even lengths that fit the figure (an 8-point character is about 4.5 points wide): never cut
+    fits = int(fig.get_figwidth() * 72 / 4.5) - 4
+    fig.suptitle(textwrap.fill(caption, math.ceil(len(caption) / math.ceil(len(caption) / fits)) + 2), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -3,15 +3,16 @@
 For each batch size and context length, on the same random data (Llama-3-8B's attention shape by
 default: 32 query heads, 8 KV heads, head_dim 128, bf16, KV blocks of 16 tokens in shuffled order):
 
-  triton          `rosellm.kernels.paged_decode_attention`, the number of splits it picks itself
+  triton          `kernels.paged_decode_attention`, the number of splits it picks itself
   triton-1split   the same kernel forced to one split (no split-K): what split-K buys
-  torch-ref       `rosellm.paged_attention.paged_attention`, chapter 05's PyTorch reference (gathers the
+  torch-ref       `paged_attention.paged_attention`, chapter 05's PyTorch reference (gathers the
                   blocks into a padded copy, repeats KV heads, masked SDPA)
   sdpa-dense      `F.scaled_dot_product_attention` on keys and values already laid out contiguously
                   (no paging at all: the cost a contiguous cache would pay, a floor to compare with)
 
-Times are medians of `triton.testing.do_bench` (milliseconds). The bandwidth column is the keys and
-values the Triton kernel must read, divided by its time. Needs a CUDA device:
+The kernels are chapter 06's checkpoint's (`--checkpoint` names another). Times are medians of
+`triton.testing.do_bench` (milliseconds). The bandwidth column is the keys and values the Triton kernel must
+read, divided by its time. Needs a CUDA device:
 
     python -m benchmarks.kernel_bench                      # the full table, about a minute
     python -m benchmarks.kernel_bench --batches 1,64 --contexts 1024,8192
@@ -19,9 +20,12 @@ values the Triton kernel must read, divided by its time. Needs a CUDA device:
 
 import argparse
 import datetime
+import importlib
 import json
 import sys
 from pathlib import Path
+
+import chapters
 
 from .harness import describe_machine
 
@@ -36,6 +40,8 @@ def int_list(text: str) -> list[int]:
 
 
 def add_arguments(parser) -> None:
+    default = chapters.checkpoint(CHAPTER).module
+    parser.add_argument("--checkpoint", default=default, help=f"the package whose kernels to time (default {default})")
     parser.add_argument("--batches", type=int_list, default=[1, 4, 16, 64, 256])
     parser.add_argument("--contexts", type=int_list, default=[128, 512, 2048, 8192])
     parser.add_argument("--num-heads", type=int, default=32)
@@ -51,8 +57,7 @@ def make_data(batch: int, context: int, args, device):
     one query token per sequence, and the same keys and values laid out densely."""
     import torch
 
-    from rosellm.attention_metadata import AttentionMetadata
-
+    AttentionMetadata = importlib.import_module(f"{args.checkpoint}.attention_metadata").AttentionMetadata
     dtype = getattr(torch, args.dtype)
     blocks_per_seq = -(-context // args.block_size)
     num_blocks = batch * blocks_per_seq
@@ -77,8 +82,8 @@ def measure_one(batch: int, context: int, args, device, timer) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from rosellm import kernels, paged_attention
-
+    kernels = importlib.import_module(f"{args.checkpoint}.kernels")
+    paged_attention = importlib.import_module(f"{args.checkpoint}.paged_attention")
     query, key_cache, value_cache, metadata = make_data(batch, context, args, device)
     seq_lens, tables = metadata.seq_lens, metadata.block_tables
     splits = kernels.choose_num_splits(context)

@@ -8,7 +8,7 @@ launch it recorded for sm_80 (A100) and sm_90 (H100) to PTX and to a cubin (ptxa
 writes what the compiler reports. Compile facts are deterministic, so any machine can produce them:
 
     python -m benchmarks.kernel_compile              # writes benchmarks/results/kernel_compile.json
-    python -m benchmarks.kernel_compile --checkpoint chapters.ch06_triton_kernels.rosellm --json /tmp/k.json
+    python -m benchmarks.kernel_compile --checkpoint chapters.ch06_triton_kernels.rosellm --json ch06.json
 
 Registers and spills come from `cuobjdump --dump-resource-usage` on the cubin (Triton's own `n_regs` needs
 the cubin loaded on a GPU). The kernels must be real `triton.jit` functions, not interpreted ones, so

@@ -1,25 +1,24 @@
-"""latency-cpu (DESIGN.md §6): one request, a 128-token prompt, 256 output tokens, greedy, EOS ignored.
+"""latency-cpu: one request, a 128-token prompt, 256 output tokens, greedy, EOS ignored.
 
 At batch 1 every decode step reads every weight once and does little arithmetic with it: memory bandwidth is
 the limit, and the bandwidth roofline is (measured copy bandwidth) / (bytes of the weights a token goes
 through). Each engine's decode tokens/s after the first token is set against it: rosellm, transformers
 `generate` and, with `--peers`, vLLM's CPU build and llama.cpp. The engines run as offline-cpu runs them (one
-request is a workload of one); rosellm and transformers keep the fastest of `--repeats` runs.
+request is a workload of one, rosellm from the checkpoint `--checkpoint` names, chapter 07's by default);
+rosellm and transformers keep the fastest of `--repeats` runs.
 
-    python -m benchmarks latency-cpu [--peers vllm,llamacpp] [--quick]
+    python -m benchmarks latency-cpu [--checkpoint 11] [--peers vllm,llamacpp] [--quick]
 """
 
 from functools import partial
 
-import chapters
-
 from . import harness, offline_cpu
 
 NAME = "latency-cpu"
-HELP = "DESIGN §6 latency-cpu: one request (128-token prompt, 256 tokens) at batch 1, rosellm vs transformers"
-CHAPTER = 7  # measures chapter 07's step engine (`LLMEngine`)
+HELP = "one request (128-token prompt, 256 tokens) at batch 1: rosellm's LLMEngine vs transformers"
+CHAPTER = 7  # the step engine (`LLMEngine`): chapter 07's checkpoint by default, any later one by --checkpoint
 
-FULL = {"prompt_len": 128, "max_tokens": 256, "repeats": 3, "seed": 0, "check_tokens": 16}
+FULL = {"checkpoint": str(CHAPTER), "prompt_len": 128, "max_tokens": 256, "repeats": 3, "seed": 0, "check_tokens": 16}
 QUICK = {"prompt_len": 16, "max_tokens": 12, "repeats": 1, "check_tokens": 4}
 COLUMNS = {"label": "engine", "decode_tokens_per_s": "decode tok/s", "rosellm_ratio": "rosellm is x"}
 COLUMNS |= {"ttft_ms": "TTFT ms", "share_of_bandwidth_roofline": "bandwidth roofline", "check_passed": "check"}
@@ -35,6 +34,7 @@ def run(args, s: dict) -> dict:
     one = offline_cpu.FULL | {"requests": 1, "prompt_len": [p, p], "max_tokens": [n, n], "static_batch": 1}
     one |= {"max_num_seqs": 1, "max_batch_tokens": max(p, 256), "check_requests": 1, "sweep": [0]}
     one |= {"profile_every": 0, "check_tokens": s["check_tokens"], "seed": s["seed"], "repeats": s["repeats"]}
+    one |= {"checkpoint": s["checkpoint"]}
     return offline_cpu.run_workload(
         args, one, NAME, "latency_cpu", plot, report, partial(at_batch_1, s=s, model=args.model)
     )
@@ -43,7 +43,8 @@ def run(args, s: dict) -> dict:
 def at_batch_1(body: dict, s: dict, model: str | None) -> dict:
     """offline-cpu's rows of one request, read as decode speed: decode tokens/s = (tokens - 1) / (last token's
     time - first token's), the first being the prefill's; TTFT is its time."""
-    labels = {"rosellm": f"rosellm (ch{chapters.latest().number:02d})", "hf-generate": "transformers generate"}
+    point = harness.named_checkpoint(s["checkpoint"])
+    labels = {"rosellm": harness.rosellm_label(point, short=True), "hf-generate": "transformers generate"}
     rows, roofline = [e for e in body["engines"] if "error" not in e], body["roofline"]["bandwidth_tokens_per_s"]
     for e in body["engines"]:
         e["label"] = labels.get(e["engine"], e["label"])
@@ -76,9 +77,9 @@ def plot(result: dict, path) -> None:
     rows = [e for e in result["engines"] if "error" not in e]
     fig, ((ax,),) = harness.figure_axes(1, 1, (8, 4))
     values = [e["decode_tokens_per_s"] for e in rows] + [result["roofline"]["bandwidth_tokens_per_s"]]
-    names = [e["label"].replace(" (", "\n(") for e in rows] + ["bandwidth\nroofline"]
+    names = [offline_cpu.tick_label(e["label"]) for e in rows] + ["bandwidth\nroofline"]
     colors = ["tab:red" if e["engine"] == "rosellm" else "tab:gray" for e in rows] + ["white"]
     ax.bar_label(ax.bar(names, values, color=colors, edgecolor="black"), [f"{v:.0f}" for v in values], fontsize=8)
     ax.set(ylabel="decode tokens/s (batch 1)", title="latency-cpu: decode speed, one request")
-    ax.tick_params(axis="x", labelsize=7)
+    ax.tick_params(axis="x", labelsize=8)
     harness.save_figure(fig, path, result)

@@ -76,7 +76,8 @@ def serve(engine, package, budget: str, reqs) -> dict:
 
 
 def measure(args, s: dict) -> dict:
-    package = chapters.latest().load()
+    point = chapters.checkpoint(CHAPTER)
+    package = point.load()
     runs, reqs = [], None
     for budget in s["budgets"]:
         engine = make_engine(package, args.model, budget)
@@ -90,7 +91,7 @@ def measure(args, s: dict) -> dict:
             f"{r['budget']:>7} {tpot['p50']:9.1f} {tpot['p90']:7.1f} {tpot['max']:7.1f}  {ttft:<22} "
             f"{r['output_tokens_per_s']:6.1f}"
         )
-    return {"settings": s, "runs": runs}
+    return {"settings": s, "checkpoint": point.module, "runs": runs}
 
 
 def plot(result: dict, path) -> None:

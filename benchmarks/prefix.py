@@ -89,7 +89,8 @@ def chat_batches(s: dict, vocab_size: int):
 
 
 def measure(args, s: dict) -> dict:
-    package = chapters.latest().load()
+    point = chapters.checkpoint(CHAPTER)
+    package = point.load()
     runs = []
     for scenario in ("shared", "chats"):
         for caching in (True, False):
@@ -103,7 +104,7 @@ def measure(args, s: dict) -> dict:
     harness.print_table(runs, columns | {"hit_rate": "hit rate", "output_tokens_per_s": "tok/s", "seconds": "s"})
     for r in runs:
         del r["answers"]
-    return {"settings": s, "runs": runs, "correct": correct}
+    return {"settings": s, "checkpoint": point.module, "runs": runs, "correct": correct}
 
 
 def plot(result: dict, path) -> None:

@@ -1,11 +1,12 @@
-"""serve (DESIGN.md §6): the OpenAI server under Poisson arrivals, as its clients feel it.
+"""serve: the OpenAI server under Poisson arrivals, as its clients feel it.
 
-`python -m rosellm serve` starts in a process group of its own on a free localhost port; once `/health` answers,
-one asyncio client (httpx) sends it, for each arrival rate, `requests` streamed `/v1/completions` at Poisson
-arrival times (exponential gaps, seeded): prompts of random token ids (lengths uniform in `prompt_len`),
-`max_tokens` uniform in `max_tokens`, greedy, `ignore_eos`, `stream_options.include_usage` for the token count.
-Each rate gets requests of its own (the same ones for every server), so that no prompt is ever seen twice and
-prefix caching, on in both servers, finds nothing. Every chunk is timestamped when its line arrives.
+Chapter 10's server (`python -m chapters.ch10_serving.rosellm serve`) starts in a process group of its own on a
+free localhost port; once `/health` answers, one asyncio client (httpx) sends it, for each arrival rate,
+`requests` streamed `/v1/completions` at Poisson arrival times (exponential gaps, seeded): prompts of random
+token ids (lengths uniform in `prompt_len`), `max_tokens` uniform in `max_tokens`, greedy, `ignore_eos`,
+`stream_options.include_usage` for the token count. Each rate gets requests of its own (the same ones for every
+server), so that no prompt is ever seen twice and prefix caching, on in both servers, finds nothing. Every chunk
+is timestamped when its line arrives.
 
 Per rate and server: TTFT (send -> first chunk), TPOT ((last chunk - first chunk) / (tokens - 1)) and the
 inter-token latency (every gap between two chunks of a request) at p50/p90/p99; end-to-end latency; request
@@ -46,7 +47,7 @@ import chapters
 from . import harness, peers
 
 NAME = "serve"
-HELP = "DESIGN §6 serve: the OpenAI server under Poisson arrivals: TTFT, TPOT, ITL, goodput (and --peers vllm)"
+HELP = "chapter 10's OpenAI server under Poisson arrivals: TTFT, TPOT, ITL, goodput (and --peers vllm)"
 CHAPTER = 10
 
 FULL = {"rates": [0.25, 0.5, 1.0, 2.0], "requests": 32, "prompt_len": [32, 256], "max_tokens": [16, 64], "seed": 0}
@@ -55,9 +56,9 @@ QUICK = {"rates": [4.0, 16.0], "requests": 6, "prompt_len": [8, 24], "max_tokens
 
 MODEL_NAME = "bench"  # the name both servers serve the model under
 STEP_TOKENS = 2048  # rosellm's step budget with chunked prefill (its server's default), given to vLLM too
+VLLM_MEMORY_SHARE = 0.25  # vLLM's `gpu_memory_utilization`; on its CPU build, the share of memory for the KV cache
 START_TIMEOUT_S = 900  # vLLM compiles its kernels for a minute or two before it answers
 REQUEST_TIMEOUT_S = 600  # a request queued behind an overloaded server still waits this long for a chunk
-LABEL = f"rosellm (ch{chapters.latest().number:02d}, {chapters.latest().slug.replace('_', ' ')})"
 NOTES = [
     "TTFT: from the request's send to its first chunk. TPOT: (last chunk - first chunk) / (tokens - 1), tokens "
     "from the usage chunk. ITL: every gap between two chunks of a request (a chunk may carry more than one "
@@ -182,14 +183,15 @@ def signal_group(group: int, sig: int) -> None:
 
 
 def rosellm_server(args, s: dict, longest: int, log_dir: Path) -> tuple[Server, dict]:
-    port = free_port()
-    argv = [sys.executable, "-m", "rosellm", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    """This chapter's server (its checkpoint's own command line), whatever chapter is the latest."""
+    port, point = free_port(), chapters.checkpoint(CHAPTER)
+    argv = [sys.executable, "-m", point.module, "serve", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--served-model-name", MODEL_NAME, "--max-num-seqs", str(s["max_num_seqs"])]
     argv += ["--max-model-len", str(longest + 1)] + (["--model", args.model] if args.model else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(harness.ROOT), os.environ.get("PYTHONPATH")])))
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)  # torch's default thread count follows it
-    info = dict(label=LABEL, version=f"chapter {chapters.latest().number:02d}", argv=argv[1:])
+    info = dict(label=harness.rosellm_label(point), version=f"chapter {point.number:02d}", argv=argv[1:])
     info |= {"environment": {"OMP_NUM_THREADS": env["OMP_NUM_THREADS"]} if args.threads else {}}
     return Server("rosellm", argv, env, port, log_dir), info
 
@@ -206,7 +208,8 @@ def vllm_server(args, s: dict, peer, longest: int, log_dir: Path) -> tuple[Serve
     ]
     argv += ["--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
     argv += ["--seed", "0", "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"]
-    for key, value in peers.options(peer, s["max_num_seqs"], STEP_TOKENS, longest).items():
+    limits = dict(max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=STEP_TOKENS, max_model_len=longest + 1)
+    for key, value in (limits | {"gpu_memory_utilization": VLLM_MEMORY_SHARE}).items():
         argv += ["--" + key.replace("_", "-"), str(value)]
     env = peers.environment(peer, threads)
     shown = {key: value for key, value in env.items() if key.startswith("VLLM_") or key == "LD_PRELOAD"}

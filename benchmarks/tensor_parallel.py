@@ -12,10 +12,13 @@ batch-1 decode step's time and a 2048-token prefill step's all-reduces on GPUs j
 """
 
 import dataclasses
+import importlib
 import statistics
 import sys
 import time
 from pathlib import Path
+
+import chapters
 
 from . import harness
 
@@ -65,13 +68,15 @@ def measure(args, s: dict) -> dict:
     engines = []
     for size in s["sizes"]:
         spec = dict(model=args.model, threads=args.threads, requests=requests, warmup=warmup, size=size)
+        spec["module"] = chapters.checkpoint(CHAPTER).module
         spec["enforce_eager"] = bool(s["enforce_eager"])
         engines.append(dict(ranks=size, **harness.run_process(task("engine", 1), spec, f"rosellm, {size} ranks")))
     expected = engines[0].get("tokens")
     for e in engines:
         e["same_tokens"] = e.pop("tokens", None) == expected
     correct = expected is not None and all(e["same_tokens"] for e in engines)
-    return {"settings": s, "all_reduce": all_reduce, "engines": engines, "modelled": modelled(), "correct": correct}
+    out = {"settings": s, "checkpoint": chapters.checkpoint(CHAPTER).module, "all_reduce": all_reduce}
+    return out | {"engines": engines, "modelled": modelled(), "correct": correct}
 
 
 def task(name: str, ranks: int) -> list[str]:
@@ -81,8 +86,10 @@ def task(name: str, ranks: int) -> list[str]:
 def modelled() -> dict:
     """Per model and rank count: bytes per rank, and a batch-1 decode step: reading the rank's weights from
     HBM, then 2 all-reduces per layer (ring: each rank sends and receives 2 (N-1)/N of the message)."""
-    from rosellm.config import ModelConfig
-    from rosellm.tensor_parallel import RankShapes, check_shardable
+    package = chapters.checkpoint(CHAPTER).module
+    ModelConfig = importlib.import_module(f"{package}.config").ModelConfig
+    tensor_parallel = importlib.import_module(f"{package}.tensor_parallel")
+    RankShapes, check_shardable = tensor_parallel.RankShapes, tensor_parallel.check_shardable
 
     models = [("SmolLM2-135M (fp32)", SMOLLM2, 4), ("Llama-2-7B shape (bf16)", LLAMA_2_7B, 2)]
     models.append(("Llama-3-70B shape (bf16)", LLAMA_3_70B, 2))
@@ -149,21 +156,22 @@ def all_reduce_rank(rank: int, size: int, address: str, spec: dict, out: str) ->
 
 
 def time_engine(spec: dict) -> dict:
-    """The requests through an `LLMEngine` with `size` ranks; rank 0's all-reduce time, from its counters."""
+    """The requests through the checkpoint `spec["module"]`'s `LLMEngine` with `size` ranks; rank 0's all-reduce
+    time, from its counters."""
     import torch
 
-    import rosellm
-    from rosellm import tensor_parallel
+    package = importlib.import_module(spec["module"])
+    tensor_parallel = importlib.import_module(f"{spec['module']}.tensor_parallel")
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     options = dict(tensor_parallel_size=spec["size"], enforce_eager=spec["enforce_eager"])
-    engine = rosellm.LLMEngine(spec["model"], max_num_seqs=len(spec["requests"]), **options)
+    engine = package.LLMEngine(spec["model"], max_num_seqs=len(spec["requests"]), **options)
     try:
-        finish(engine, spec["warmup"])
+        finish(package, engine, spec["warmup"])
         tensor_parallel.comm_stats = tensor_parallel.CommStats()
         start = time.perf_counter()
-        tokens, steps = finish(engine, spec["requests"])
+        tokens, steps = finish(package, engine, spec["requests"])
         wall = time.perf_counter() - start
         comm = dataclasses.asdict(tensor_parallel.comm_stats)
     finally:
@@ -179,12 +187,10 @@ def time_engine(spec: dict) -> dict:
     return result
 
 
-def finish(engine, requests: list) -> tuple[list[list[int]], int]:
+def finish(package, engine, requests: list) -> tuple[list[list[int]], int]:
     """Submit every request at once, step until all finish: (tokens of each, steps taken)."""
-    from rosellm import SamplingParams
-
     for index, (prompt, max_tokens) in enumerate(requests):
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        params = package.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         engine.add_request(str(index), prompt, params)
     tokens, steps = {}, 0
     while engine.has_unfinished_requests():
@@ -226,7 +232,7 @@ def main(name: str, ranks: str, spec_path: str, out_path: str) -> None:
         return
     import torch.multiprocessing
 
-    from rosellm.parallel_runner import free_port
+    from .serve import free_port
 
     address = f"tcp://127.0.0.1:{free_port()}"
     torch.multiprocessing.spawn(all_reduce_rank, args=(int(ranks), address, spec, out_path), nprocs=int(ranks))

@@ -20,6 +20,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.chapter_progress import chapter_ranges  # noqa: E402
+
 PAGE = ROOT / "docs" / "benchmarks.md"
 RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- results: ([\w-]+) -->\n)(.*?)(<!-- /results -->)", re.DOTALL)
@@ -218,16 +222,6 @@ def block_offline(workload: str) -> str:
         f"engine running at 100% of the GEMM rate would still reach only **{bound:.0%}** on the output-token "
         f"share.\n\n"
     )
-    if result.get("targets"):
-        out.append("The project's targets for rosellm on this workload:\n\n")
-        out.append(
-            table(
-                ["target", "status"],
-                [[name, "met" if ok else "**not met**"] for name, ok in result["targets"].items()],
-                "lc",
-            )
-        )
-        out.append("\n")
     agree = result.get("agreement") or {}
     if agree:
         out.append(
@@ -256,7 +250,11 @@ def block_offline(workload: str) -> str:
         out.append("\n")
     out.append(
         figure_links(
-            result, [f"{workload}: throughput and latency of each engine", "share of the roofline against batch size"]
+            result,
+            [
+                f"{workload}: useful output tokens/s of each engine",
+                "rosellm's decode steps: share of the roofline against batch size",
+            ],
         )
     )
     return "".join(out)
@@ -337,7 +335,7 @@ def block_latency() -> str:
         f"{'yes' if result.get('all_tokens_identical') else 'no'}.\n"
         + peer_lines(result)
         + "\n"
-        + figure_links(result, ["latency-cpu: decode speed and time to first token"])
+        + figure_links(result, ["latency-cpu: decode tokens/s of each engine at batch 1, and the bandwidth roofline"])
     )
 
 
@@ -345,7 +343,13 @@ def block_chapters() -> str:
     result = load("chapters")
     if result is None:
         return missing("chapters")
-    s = result["settings"]
+    s, done = result["settings"], [r for r in result["chapters"] if "error" not in r]
+    latest = max(r["chapter"] for r in done) if done else None
+
+    def chapters_where(keep) -> str:
+        return chapter_ranges([r["chapter"] for r in done if keep(r["options"])]).replace("-", "–")
+
+    torch_backend = chapters_where(lambda options: options.get("attention_backend") == "torch")
     rows = []
     for r in result["chapters"]:
         anchor = f'<a id="ch{r["chapter"]:02d}"></a>'
@@ -370,7 +374,15 @@ def block_chapters() -> str:
         run_line(result)
         + "\n"
         + f"{s['requests']} requests, prompts of {s['prompt_len'][0]}–{s['prompt_len'][1]} random tokens, "
-        f"{s['max_tokens']} output tokens each, greedy; each checkpoint through its own `LLM.generate`.\n\n"
+        f"{s['max_tokens']} output tokens each, greedy; each checkpoint through its own `LLM.generate`. Chapters "
+        f"{chapters_where(lambda options: not options)} serve one request at a time; chapters "
+        f"{chapters_where(bool)} batch up to {s['batch']} requests"
+        + (
+            f" (chapters {torch_backend} with the PyTorch attention backend, which is what a CPU runs)"
+            if torch_backend != "none"
+            else ""
+        )
+        + ".\n\n"
         + table(
             [
                 "chapter",
@@ -380,7 +392,7 @@ def block_chapters() -> str:
                 "seconds",
                 "peak RSS MiB",
                 "roofline share",
-                "tokens = transformers and ch07",
+                f"tokens = transformers and ch{latest:02d}" if latest else "tokens = transformers",
             ],
             rows,
             "llrrrrrc",

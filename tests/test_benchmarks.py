@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import chapters
+from benchmarks import harness
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,28 +29,38 @@ def bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     )
 
 
-def run_quick(workload: str, model: Path, tmp_path: Path, *extra: str) -> dict:
+def run_quick(workload: str, model: Path, tmp_path: Path, *extra: str, fakes: dict | None = None) -> dict:
+    """`python -m benchmarks WORKLOAD --quick ...`: in a process of its own, or, with `fakes` (peer name ->
+    fake `Peer`), in this one with the peers replaced by the fakes."""
     json_path, figure = tmp_path / f"{workload}.json", tmp_path / f"{workload}.png"
-    done = bench(
-        workload,
-        "--quick",
-        "--model",
-        str(model),
-        "--threads",
-        "1",
-        "--json",
-        str(json_path),
-        "--figure",
-        str(figure),
-        *extra,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    argv = [workload, "--quick", "--model", str(model), "--threads", "1", "--json", str(json_path)]
+    argv += ["--figure", str(figure), *extra]
+    if fakes is None:
+        done = bench(*argv)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    else:
+        run_with_fake_peers(argv, fakes)
     assert figure.is_file() and figure.stat().st_size > 0
-    result = json.loads(json_path.read_text())
+    text = json_path.read_text()
+    assert str(tmp_path) not in text and str(model) not in text  # the model's temporary folder: by its name
+    result = json.loads(text)
     assert result["workload"] == workload and result["quick"] is True and result["correct"] is True
     assert result["command"].startswith(f"python -m benchmarks {workload}") and "--json" not in result["command"]
     assert result["machine"]["torch_threads"] == 1 and "other_processes_cpu_share" in result["machine"]
     return result
+
+
+def run_with_fake_peers(argv: list[str], fakes: dict) -> None:
+    """The command line in this process, `benchmarks.peers.PEERS` being `fakes` meanwhile."""
+    from benchmarks import peers
+    from benchmarks.__main__ import main
+
+    saved, threads = (peers.PEERS, sys.argv), torch.get_num_threads()
+    peers.PEERS, sys.argv = fakes, ["benchmarks", *argv]  # the result's command is read from sys.argv
+    try:
+        main(argv)
+    finally:
+        (peers.PEERS, sys.argv), _ = saved, torch.set_num_threads(threads)
 
 
 def check_roofline(result: dict) -> None:
@@ -66,10 +77,19 @@ def tiny_gqa(tiny_model_dirs) -> Path:
 
 @pytest.mark.workload("offline-cpu")
 def test_offline_cpu_quick(tiny_gqa, tmp_path):
-    result = run_quick("offline-cpu", tiny_gqa, tmp_path)
+    """With both peers faked: vLLM's answers the checked sample right and is timed, llama.cpp's does not and is
+    not; the rest of the table as without peers."""
+    fakes = {"vllm": fake_peer(tmp_path, "vllm", HONEST), "llamacpp": fake_peer(tmp_path, "llamacpp", LIAR)}
+    result = run_quick("offline-cpu", tiny_gqa, tmp_path, "--peers", "vllm,llamacpp", fakes=fakes)
     check_roofline(result)
     engines = {e["engine"]: e for e in result["engines"]}
-    assert set(engines) == {"rosellm", "hf-generate", "hf-continuous"}
+    assert set(engines) == {"rosellm", "hf-generate", "hf-continuous", "vllm", "llamacpp"}
+    liar, honest = engines.pop("llamacpp"), engines.pop("vllm")
+    assert liar["check_passed"] is False and "not timed" in liar["error"] and "output_tokens_per_s" not in liar
+    assert honest["check_passed"] is True and honest["output_tokens_per_s"] > 0 and honest["version"] == "1.0"
+    assert honest["settings"]["max_num_seqs"] == result["settings"]["rosellm_engine_options"]["max_num_seqs"]
+    assert engines["rosellm"]["label"] == harness.rosellm_label(chapters.checkpoint(7))
+    assert engines["rosellm"]["checkpoint"] == chapters.checkpoint(7).module
     for e in engines.values():
         assert "error" not in e, e
         assert e["output_tokens_per_s"] > 0 and e["all_requests_complete"] and e["check_passed"] is True
@@ -86,10 +106,12 @@ def test_offline_cpu_quick(tiny_gqa, tmp_path):
 
 @pytest.mark.workload("latency-cpu")
 def test_latency_cpu_quick(tiny_gqa, tmp_path):
-    result = run_quick("latency-cpu", tiny_gqa, tmp_path)
+    fakes = {"vllm": fake_peer(tmp_path, "vllm", HONEST)}
+    result = run_quick("latency-cpu", tiny_gqa, tmp_path, "--peers", "vllm", fakes=fakes)
     check_roofline(result)
     engines = {e["engine"]: e for e in result["engines"]}
-    assert set(engines) == {"rosellm", "hf-generate"}
+    assert set(engines) == {"rosellm", "hf-generate", "vllm"}
+    assert engines["rosellm"]["label"] == harness.rosellm_label(chapters.checkpoint(7), short=True)
     for e in engines.values():
         assert e["decode_tokens_per_s"] > 0 and e["ttft_ms"] > 0 and e["check"]["passed"]
     assert engines["rosellm"]["decode_ratio_vs_transformers"] > 0 and result["all_tokens_identical"] is True
@@ -119,11 +141,13 @@ def test_offline_gpu_without_cuda_says_so_and_exits_cleanly(tmp_path):
     assert not json_path.exists()
 
 
-CHAPTER_WORKLOADS = {
-    "decode-scaling": ["--checkpoint", "ch02"],
+CHAPTER_WORKLOADS = {  # workload -> options beyond --quick; each measures its own chapter's checkpoint by default
+    "decode-scaling": [],
     "batch-throughput": [],
     "paged-vs-padded": [],
     "arrivals": [],
+    "long-prompts": [],
+    "prefix": [],
     "cpu-ablation": [],
     "tensor-parallel": [],
 }
@@ -133,11 +157,21 @@ CHAPTER_WORKLOADS = {
     "workload", [pytest.param(name, marks=pytest.mark.workload(name)) for name in CHAPTER_WORKLOADS]
 )
 def test_chapter_workload_quick(workload, tiny_gqa, tmp_path):
+    from benchmarks import WORKLOADS
+
     result = run_quick(workload, tiny_gqa, tmp_path, *CHAPTER_WORKLOADS[workload])
+    own = chapters.checkpoint(WORKLOADS[workload][1])
+    if "checkpoint" in result:
+        assert result["checkpoint"] == own.module
     if workload == "arrivals":
         assert result["requests_with_identical_tokens"] == "6/6"
     if workload == "cpu-ablation":
         assert result["correct"] and [row["speedup"] > 0 for row in result["steps"]] == [True] * 4
+        before = chapters.checkpoint(own.number - 1)
+        assert [row["checkpoint"] for row in result["steps"]] == [before.module] + [own.module] * 3
+        assert result["steps"][0]["label"] == f"ch{before.number:02d}" and result["steps"][-1]["label"].endswith(
+            f"(ch{own.number:02d})"
+        )
         profiled = [row["profile"] for row in result["steps"] if row.get("profile")]
         assert len(profiled) == 2 and all(p["sampled_steps"] >= 1 for p in profiled)
     if workload == "tensor-parallel":
@@ -150,6 +184,99 @@ def test_chapter_workload_quick(workload, tiny_gqa, tmp_path):
         assert 0 < kv["ch05"]["pool_blocks_in_use"]["mean_share_over_steps"] <= 1
         assert kv["ch03"]["padded_merged_cache"]["mean_share_over_steps"] <= 1
         assert result["budget"]["measured_peak_running"] >= 1
+
+
+# --- which checkpoint each workload measures ------------------------------------------------------------------
+
+NAMED = {  # the workloads that name their checkpoints; every other one measures its own chapter's
+    "cpu-ablation": lambda chapter: {chapter - 1, chapter},
+    "arrivals": lambda chapter: {5, chapter},
+    "paged-vs-padded": lambda chapter: {3, chapter},
+    "chapters": lambda chapter: {point.number for point in chapters.checkpoints()},
+}
+
+
+class Measured(Exception):
+    """Raised where a workload would start measuring: what it chose has been noted by then."""
+
+
+class NotLoaded:
+    """What a stubbed `Checkpoint.load` returns: the workload's first use of the package stops it."""
+
+    def __getattr__(self, name):
+        raise Measured(name)
+
+
+@pytest.fixture
+def a_later_chapter(monkeypatch):
+    """A chapter 13 after the latest, that nothing may load: each workload must still measure its own chapter."""
+    from benchmarks import harness, serve
+
+    real = chapters.checkpoints()
+    later = chapters.Checkpoint(
+        real[-1].number + 1, "later", f"ch{real[-1].number + 1:02d}_later", "later_chapter", ROOT, frozenset()
+    )
+    monkeypatch.setattr(chapters, "checkpoints", lambda: [*real, later])
+    chosen = []
+
+    def load(point):
+        chosen.append(point.module)
+        return NotLoaded()
+
+    def run_engine(task, spec, label):
+        if task in ("rosellm", "checkpoint"):  # without a module, the rosellm task runs `rosellm`, the latest
+            chosen.append(spec["checkpoint"] if task == "checkpoint" else spec.get("module", "rosellm"))
+        return {"error": "not run"}  # what a failed engine process gives
+
+    def run_process(argv, spec, label, env=None):
+        if "module" in spec:
+            chosen.append(spec["module"])
+        return {"rows": []}
+
+    def start_server(server):
+        if server.name == "rosellm":
+            chosen.append(server.argv[server.argv.index("-m") + 1])
+        raise Measured(server.name)
+
+    rates = {"gemm": {"flops_best": 1e10}, "bandwidth": {"bytes_per_s_best": 1e10}}
+    monkeypatch.setattr(chapters.Checkpoint, "load", load)
+    monkeypatch.setattr(harness, "run_engine", run_engine)
+    monkeypatch.setattr(harness, "run_process", run_process)
+    monkeypatch.setattr(harness, "describe_machine", lambda *args: {})
+    monkeypatch.setattr(harness, "measure_rates", lambda *args, **kwargs: rates)
+    monkeypatch.setattr(harness, "write", lambda *args: (_ for _ in ()).throw(Measured("write")))
+    monkeypatch.setattr(serve.Server, "__enter__", start_server)
+    return later, chosen
+
+
+def test_every_workload_measures_its_own_chapter_whatever_the_latest(a_later_chapter, tiny_gqa, tmp_path):
+    """With a chapter after the latest, each workload still runs the checkpoints of its chapter (or those it
+    names) and never the latest; workloads that take `--checkpoint` default to their own chapter."""
+    from benchmarks import WORKLOADS, harness
+    from benchmarks.__main__ import workload_parser
+
+    later, chosen = a_later_chapter
+    for name, (_, chapter) in WORKLOADS.items():
+        parser, module = workload_parser(name)
+        if "checkpoint" in module.FULL:
+            assert harness.named_checkpoint(module.FULL["checkpoint"]).number == chapter, name
+        if name == "offline-gpu":
+            continue  # offline-cpu's engines on a GPU: measured where CUDA exists (its default checked above)
+        argv = [
+            "--quick",
+            "--model",
+            str(tiny_gqa),
+            "--json",
+            str(tmp_path / "r.json"),
+            "--figure",
+            str(tmp_path / "r.png"),
+        ]
+        args = parser.parse_args(argv)
+        chosen.clear()
+        with pytest.raises(Measured):
+            module.run(args, harness.settings(args, module.FULL, module.QUICK))
+        expected = {chapters.checkpoint(n).module for n in NAMED.get(name, lambda c: {c})(chapter)}
+        assert set(chosen) == expected, f"{name} (chapter {chapter}) measured {sorted(set(chosen))}"
 
 
 def test_every_workload_declares_a_chapter_that_exists():
@@ -172,19 +299,22 @@ def test_benchmarks_page_is_up_to_date_with_the_committed_results():
 
 # --- the peers' plumbing, with fake peers ---------------------------------------------------------------------
 
+# the greedy tokens of the checked sample right; a millisecond a token, like an engine that prefills and decodes
 HONEST = """
-    import sys
+    import sys, time
     sys.path.insert(0, BENCHMARKS)
     from peer_protocol import Clock, serve
 
     def load(spec):
         known = {tuple(spec["requests"][int(k)][0]): tokens for k, tokens in spec["reference"].items()}
-        return known, {"engine": "fake", "version": "1.0", "settings": {"threads": spec["threads"]}}
+        return known, {"engine": "fake", "version": "1.0", "settings": {"threads": spec["threads"], **spec["options"]}}
 
     def generate(known, requests):
         clock = Clock(len(requests))
         for i, (prompt, max_tokens) in enumerate(requests):
+            time.sleep(0.001)  # its prefill
             clock.token(i)
+            time.sleep(0.001 * (max_tokens - 1))
             clock.token(i, (known.get(tuple(prompt), []) + [7] * max_tokens)[:max_tokens])
         return clock.result()
 
@@ -200,6 +330,89 @@ LIAR = """
                "wall_s": 0.001, "first_token_s": [0.0] * n, "last_token_s": [0.001] * n,
                "tokens": [[1] * m for _, m in spec["requests"]]}, open(sys.argv[2], "w"))
 """
+
+
+# vLLM's OpenAI server as the serve workload meets it: its command line (vLLM's own flags, strictly parsed),
+# /health, /version and streamed /v1/completions: one chunk a token, then the usage, then [DONE]
+FAKE_VLLM_SERVER = """
+    import argparse, json, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    parser = argparse.ArgumentParser()
+    for flag in ("--model", "--served-model-name", "--host", "--dtype", "--uvicorn-log-level"):
+        parser.add_argument(flag, required=True)
+    for flag in ("--port", "--seed", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len"):
+        parser.add_argument(flag, type=int, required=True)
+    parser.add_argument("--gpu-memory-utilization", type=float, required=True)
+    parser.add_argument("--disable-uvicorn-access-log", action="store_true")
+    args = parser.parse_args()
+
+    class Handler(BaseHTTPRequestHandler):
+        def reply(self, body, kind="application/json"):
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def do_GET(self):
+            self.reply("" if self.path == "/health" else json.dumps({"version": "0.0.fake"}))
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert body["model"] == args.served_model_name and body["stream"] and body["ignore_eos"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for _ in range(body["max_tokens"]):
+                time.sleep(0.001)
+                self.wfile.write(b'data: {"choices": [{"index": 0, "text": " a"}]}\\n\\n')
+                self.wfile.flush()
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
+            self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\\n\\ndata: [DONE]\\n\\n".encode())
+
+        def log_message(self, *_):
+            pass
+
+    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+"""
+
+
+def fake_vllm_server(tmp_path: Path, monkeypatch) -> dict:
+    """A `vllm` package holding only `entrypoints.openai.api_server` (FAKE_VLLM_SERVER), found by the peer's
+    processes: the peers, as serve sees them."""
+    from benchmarks import peers
+
+    package = tmp_path / "fake_vllm" / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent, package.parent.parent):
+        (folder / "__init__.py").write_text("")
+    (package / "api_server.py").write_text(textwrap.dedent(FAKE_VLLM_SERVER))
+    environment = peers.environment
+    monkeypatch.setattr(
+        peers, "environment", lambda peer, threads: environment(peer, threads) | {"PYTHONPATH": str(package.parents[2])}
+    )
+    return {"vllm": peers.Peer("vllm", "vLLM (fake)", package / "api_server.py", python=Path(sys.executable))}
+
+
+@pytest.mark.workload("serve")
+def test_serve_quick_against_a_fake_vllm_server(tiny_gqa, tmp_path, monkeypatch):
+    """Chapter 10's server and vLLM's (faked) under the same Poisson schedules, each stopped before the next."""
+    fakes = fake_vllm_server(tmp_path, monkeypatch)
+    result = run_quick("serve", tiny_gqa, tmp_path, "--peers", "vllm", fakes=fakes)
+    servers = {server["server"]: server for server in result["servers"]}
+    assert set(servers) == {"rosellm", "vllm"} and all("error" not in server for server in servers.values())
+    assert servers["rosellm"]["label"] == harness.rosellm_label(chapters.checkpoint(10))
+    assert chapters.checkpoint(10).module in servers["rosellm"]["argv"] and servers["vllm"]["version"] == "0.0.fake"
+    assert "--max-num-batched-tokens" in servers["vllm"]["argv"]
+    for run in result["runs"]:
+        assert run["completed"] == run["requests"] == 6 and run["ttft_s"]["p50"] > 0, run
+    assert [(r["server"], r["rate"]) for r in result["runs"]] == [
+        ("rosellm", 4.0),
+        ("rosellm", 16.0),
+        ("vllm", 4.0),
+        ("vllm", 16.0),
+    ]
+    assert [r["requests"] for r in result["agreement"]["rosellm vs vllm"]] == [6, 6]
 
 
 def fake_peer(tmp_path: Path, name: str, source: str):
