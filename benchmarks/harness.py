@@ -77,10 +77,12 @@ def command_line() -> str:
 
 
 def named_checkpoint(text: str):
-    """A checkpoint named on a command line: by chapter ("3", "ch03", ...) or by module ("rosellm",
+    """A checkpoint named on a command line: "latest", by chapter ("3", "ch03", ...) or by module ("rosellm",
     "chapters.ch03_batch_decode.rosellm")."""
     import chapters
 
+    if text == "latest":
+        return chapters.latest()
     return next((point for point in chapters.checkpoints() if text == point.module), None) or chapters.checkpoint(text)
 
 

@@ -4,7 +4,7 @@ At batch 1 every decode step reads every weight once and does little arithmetic 
 the limit, and the bandwidth roofline is (measured copy bandwidth) / (bytes of the weights a token goes
 through). Each engine's decode tokens/s after the first token is set against it: rosellm, transformers
 `generate` and, with `--peers`, vLLM's CPU build and llama.cpp. The engines run as offline-cpu runs them (one
-request is a workload of one, rosellm from the checkpoint `--checkpoint` names, chapter 07's by default);
+request is a workload of one, rosellm from the checkpoint `--checkpoint` names, the latest by default);
 rosellm and transformers keep the fastest of `--repeats` runs.
 
     python -m benchmarks latency-cpu [--checkpoint 11] [--peers vllm,llamacpp] [--quick]
@@ -16,9 +16,9 @@ from . import harness, offline_cpu
 
 NAME = "latency-cpu"
 HELP = "one request (128-token prompt, 256 tokens) at batch 1: rosellm's LLMEngine vs transformers"
-CHAPTER = 7  # the step engine (`LLMEngine`): chapter 07's checkpoint by default, any later one by --checkpoint
+CHAPTER = 7  # the step engine (`LLMEngine`) appears; the latest checkpoint by default, any from 07 by --checkpoint
 
-FULL = {"checkpoint": str(CHAPTER), "prompt_len": 128, "max_tokens": 256, "repeats": 3, "seed": 0, "check_tokens": 16}
+FULL = {"checkpoint": "latest", "prompt_len": 128, "max_tokens": 256, "repeats": 3, "seed": 0, "check_tokens": 16}
 QUICK = {"prompt_len": 16, "max_tokens": 12, "repeats": 1, "check_tokens": 4}
 COLUMNS = {"label": "engine", "decode_tokens_per_s": "decode tok/s", "rosellm_ratio": "rosellm is x"}
 COLUMNS |= {"ttft_ms": "TTFT ms", "share_of_bandwidth_roofline": "bandwidth roofline", "check_passed": "check"}

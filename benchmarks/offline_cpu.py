@@ -3,7 +3,7 @@ instead.
 
 64 requests of random prompt token ids, prompt lengths uniform in [32, 512], max_tokens uniform in [32, 256],
 greedy, EOS ignored, seed 0, SmolLM2-135M in fp32. The same requests, all submitted at t = 0, go to rosellm's
-`LLMEngine` (chapter 07's checkpoint, or the one `--checkpoint` names), transformers `generate` (static batches
+`LLMEngine` (the latest checkpoint, or the one `--checkpoint` names), transformers `generate` (static batches
 of 16, left-padded: only each request's own max_tokens count as useful output), transformers' continuous batching
 and, with `--peers vllm,llamacpp`, vLLM's CPU build and llama.cpp (see `benchmarks.peers`). Each engine runs in a
 process of its own; transformers' greedy tokens for a sample of requests, one request at a time, are the
@@ -22,10 +22,10 @@ from .harness import median_p90
 
 NAME = "offline-cpu"
 HELP = "64 random requests offline: rosellm's LLMEngine vs transformers (and --peers vllm,llamacpp)"
-CHAPTER = 7  # the step engine (`LLMEngine`): chapter 07's checkpoint by default, any later one by --checkpoint
+CHAPTER = 7  # the step engine (`LLMEngine`) appears; the latest checkpoint by default, any from 07 by --checkpoint
 
 FULL = {
-    "checkpoint": str(CHAPTER),
+    "checkpoint": "latest",
     "requests": 64,
     "prompt_len": [32, 512],
     "max_tokens": [32, 256],

@@ -4,7 +4,7 @@
 Llama-shaped model with random weights (Qwen3-0.6B's shape as a `LlamaConfig`) in bf16, written to a
 temporary Hugging Face folder. nano-vllm samples at temperature 0.6; greedy decoding is used here so that the
 engines' tokens can be compared (bf16 on random weights has near-ties: only the first tokens are checked).
-The engines and the report are offline-cpu's (rosellm from chapter 07's checkpoint, or the one `--checkpoint`
+The engines and the report are offline-cpu's (rosellm from the latest checkpoint, or the one `--checkpoint`
 names). Without a CUDA device it says so and exits (status 0).
 
     python -m benchmarks offline-gpu
@@ -19,7 +19,7 @@ from . import harness, offline_cpu
 
 NAME = "offline-gpu"
 HELP = "nano-vllm's workload (256 seqs, ~0.6B random Llama, bf16): rosellm vs transformers; CUDA only"
-CHAPTER = 7  # the step engine (`LLMEngine`): chapter 07's checkpoint by default, any later one by --checkpoint
+CHAPTER = 7  # the step engine (`LLMEngine`) appears; the latest checkpoint by default, any from 07 by --checkpoint
 
 FULL = offline_cpu.FULL | {"requests": 256, "prompt_len": [100, 1024], "max_tokens": [100, 1024]}
 FULL |= {"static_batch": 64, "max_num_seqs": 256, "max_batch_tokens": 16384, "check_tokens": 4}
