@@ -3,7 +3,7 @@
 import pytest
 
 from rosellm import __main__ as cli
-from tests.ch07_continuous_batching.test_cli import FakeCheckpoint, never_load
+from tests.ch01_naive_decode.test_cli import FakeCheckpoint, never_load
 
 
 @pytest.fixture
@@ -18,10 +18,10 @@ def fake_chapters(monkeypatch):
 
 def test_enforce_eager_is_an_engine_option():
     args = cli.build_parser().parse_args(["generate", "hello", "--enforce-eager"])
-    assert cli.engine_options(args, None) == {"device": "cpu", "enforce_eager": True}
+    assert cli.engine_options(args) == {"device": "cpu", "enforce_eager": True}
     args = cli.build_parser().parse_args(["serve", "--enforce-eager"])
-    assert cli.engine_options(args, None)["enforce_eager"] is True
-    assert "enforce_eager" not in cli.engine_options(cli.build_parser().parse_args(["generate", "hello"]), None)
+    assert cli.engine_options(args)["enforce_eager"] is True
+    assert "enforce_eager" not in cli.engine_options(cli.build_parser().parse_args(["generate", "hello"]))
 
 
 def test_chapter_11_gets_enforce_eager(fake_chapters, capsys):

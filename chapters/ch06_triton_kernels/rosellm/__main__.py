@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import loader
+from . import attention_backend, loader
 from .chat_template import chat_prompt
 
 DEMO_QUESTIONS = [
@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, default=None, help="seed of the sampler; default: a fresh random stream")
         p.add_argument("--device", default="cpu", help='"cpu", "cuda" or "cuda:N"')
         p.add_argument(
+            "--attention-backend",
+            choices=attention_backend.BACKENDS,
+            default=None,
+            help='attention kernels (from chapter 06); default: "triton" on CUDA, "torch" elsewhere',
+        )
+        p.add_argument(
             "--chapter",
             default=None,
             metavar="NN",
@@ -119,6 +125,15 @@ def check_device(device: str) -> None:
         raise BadOption(f'--device {device}: rosellm runs on "cpu" or "cuda"')
 
 
+def check_attention_backend(name: str | None, device: str) -> None:
+    """The "triton" backend's own check (Triton installed; CUDA, or Triton's interpreter), before loading."""
+    if name == "triton":
+        try:
+            attention_backend.check_triton_runs(torch.device(device))
+        except ValueError as error:
+            raise BadOption(f"--attention-backend triton: {error}") from None
+
+
 def engine_package(args):
     """The package to run: this one, or the checkpoint `--chapter` names."""
     if args.chapter is None:
@@ -131,12 +146,20 @@ def engine_package(args):
         chosen = checkpoint(args.chapter)
     except ValueError as error:
         raise BadOption(f"--chapter {args.chapter}: {error}") from None
+    if args.attention_backend is not None and "triton_kernels" not in chosen.capabilities:
+        raise BadOption(
+            f"--attention-backend: chapter {chosen.number:02d} has a single attention path "
+            "(backends arrive in chapter 06)"
+        )
     return chosen.load()
 
 
 def engine_options(args) -> dict:
     """The options of `LLM` that the command line sets."""
-    return {"device": args.device}
+    options = {"device": args.device}
+    if args.attention_backend is not None:
+        options["attention_backend"] = args.attention_backend
+    return options
 
 
 # --- loading, with word of the one slow first run ---------------------------------------------------------
@@ -211,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         source = model_source(args.model)
         check_device(args.device)
+        check_attention_backend(args.attention_backend, args.device)
         package = engine_package(args)
     except BadOption as error:
         parser.exit(2, f"rosellm {args.command}: error: {error}\n")
