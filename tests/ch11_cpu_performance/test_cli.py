@@ -3,17 +3,16 @@
 import pytest
 
 from rosellm import __main__ as cli
-from tests.ch01_naive_decode.test_cli import FakeCheckpoint, never_load
+from tests.ch01_naive_decode.test_cli import FakeCheckpoint, fake_chapters_answering, never_load
 
 
 @pytest.fixture
 def fake_chapters(monkeypatch):
     """`chapters.checkpoint` answering 6 (Triton kernels, nothing compiled) and 11 (compiled)."""
-    known = {6: FakeCheckpoint(6, {"paged", "triton_kernels"}), 11: FakeCheckpoint(11, {"triton_kernels", "compiled"})}
-    import chapters
-
-    monkeypatch.setattr(chapters, "checkpoint", lambda name: known[int(str(name)[-2:])], raising=False)
-    return known
+    return fake_chapters_answering(
+        monkeypatch,
+        {6: FakeCheckpoint(6, {"paged", "triton_kernels"}), 11: FakeCheckpoint(11, {"triton_kernels", "compiled"})},
+    )
 
 
 def test_enforce_eager_is_an_engine_option():

@@ -4,17 +4,15 @@ one line."""
 import pytest
 
 from rosellm import __main__ as cli
-from tests.ch01_naive_decode.test_cli import FakeCheckpoint, never_load
+from tests.ch01_naive_decode.test_cli import FakeCheckpoint, fake_chapters_answering, never_load
 
 
 @pytest.fixture
 def fake_chapters(monkeypatch):
     """`chapters.checkpoint` answering 11 (one process) and 12 (tensor parallel)."""
-    known = {11: FakeCheckpoint(11, {"compiled"}), 12: FakeCheckpoint(12, {"compiled", "tensor_parallel"})}
-    import chapters
-
-    monkeypatch.setattr(chapters, "checkpoint", lambda name: known[int(str(name)[-2:])], raising=False)
-    return known
+    return fake_chapters_answering(
+        monkeypatch, {11: FakeCheckpoint(11, {"compiled"}), 12: FakeCheckpoint(12, {"compiled", "tensor_parallel"})}
+    )
 
 
 def test_tensor_parallel_size_is_an_engine_option(fake_chapters):
