@@ -34,9 +34,7 @@ def run_without_triton(code: str, env: dict | None = None) -> subprocess.Complet
 
 def test_the_triton_backend_refuses_in_one_line(checkpoint):
     code = f"""
-import {checkpoint.__name__} as package
 from {checkpoint.__name__} import attention_backend
-assert "triton" not in sys.modules
 for device in ("cuda", "cpu"):
     try:
         attention_backend.get_attention_backend("triton", device)

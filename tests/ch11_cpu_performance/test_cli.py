@@ -1,9 +1,15 @@
 """`--enforce-eager` reaches the engine's options, and a checkpoint that compiles nothing refuses it in one line."""
 
+import importlib
+
 import pytest
 
-from rosellm import __main__ as cli
-from tests.ch01_naive_decode.test_cli import FakeCheckpoint, fake_chapters_answering, never_load
+from tests.ch01_naive_decode.test_cli import FakeCheckpoint, assert_fails_fast, fake_chapters_answering
+
+
+@pytest.fixture
+def cli(checkpoint):
+    return importlib.import_module(f"{checkpoint.__name__}.__main__")
 
 
 @pytest.fixture
@@ -15,7 +21,7 @@ def fake_chapters(monkeypatch):
     )
 
 
-def test_enforce_eager_is_an_engine_option():
+def test_enforce_eager_is_an_engine_option(cli):
     args = cli.build_parser().parse_args(["generate", "hello", "--enforce-eager"])
     assert cli.engine_options(args) == {"device": "cpu", "enforce_eager": True}
     args = cli.build_parser().parse_args(["serve", "--enforce-eager"])
@@ -23,15 +29,11 @@ def test_enforce_eager_is_an_engine_option():
     assert "enforce_eager" not in cli.engine_options(cli.build_parser().parse_args(["generate", "hello"]))
 
 
-def test_chapter_11_gets_enforce_eager(fake_chapters, capsys):
+def test_chapter_11_gets_enforce_eager(cli, fake_chapters, capsys):
     cli.main(["generate", "hello", "--raw", "--chapter", "11", "--enforce-eager"])
     assert fake_chapters[11].llm_options == {"device": "cpu", "enforce_eager": True}
 
 
-def test_enforce_eager_before_chapter_11_fails_fast_with_one_line(fake_chapters, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_llm", never_load)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["generate", "hello", "--chapter", "06", "--enforce-eager"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--enforce-eager" in err and "chapter 06" in err, err
+def test_enforce_eager_before_chapter_11_fails_fast_with_one_line(cli, fake_chapters, monkeypatch, capsys):
+    err = assert_fails_fast(cli, ["generate", "hello", "--chapter", "06", "--enforce-eager"], capsys, monkeypatch)
+    assert "--enforce-eager" in err and "chapter 06" in err, err
