@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from jinja2 import TemplateError
 
+from . import chat_template
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 
@@ -106,13 +107,9 @@ def chat_message(message) -> dict:
 
 
 def chat_prompt(tokenizer, messages: list[dict]) -> str:
-    """The model's chat template applied to the messages, ready for the assistant's answer. A tokenizer
-    without a template (like the tests' tiny one) gets a plain fallback: one "role: content" line per
-    message, then "assistant:"."""
-    if not getattr(tokenizer, "chat_template", None):
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    """`chat_template.chat_prompt`, with a conversation the template refuses answered as a 400."""
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return chat_template.chat_prompt(tokenizer, messages)
     except TemplateError as error:  # a template may refuse some conversations (e.g. roles out of order)
         raise APIError(f"the chat template rejected the messages: {error}", param="messages") from None
 

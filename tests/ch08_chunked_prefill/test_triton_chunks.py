@@ -9,8 +9,13 @@ import torch
 
 from tests.ch05_paged_attention.paged_data import make_problem
 from tests.ch06_triton_kernels.test_kernels import DEVICE, TOLERANCE, kernels_of, on_device, reference
+from tests.needs_triton import TRITON_MISSING
 
-pytestmark = [pytest.mark.slow, pytest.mark.requires("triton_kernels", "chunked_prefill")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.requires("triton_kernels", "chunked_prefill"),
+    pytest.mark.skipif(TRITON_MISSING is not None, reason=str(TRITON_MISSING)),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])

@@ -1,6 +1,7 @@
 """`python -m rosellm serve`: a bad option or a taken port fails before the model loads, with one line and exit
 code 2; a real run serves the API at the address it prints and stops cleanly on Ctrl-C."""
 
+import importlib
 import queue
 import re
 import signal
@@ -13,15 +14,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rosellm import __main__ as cli
+from tests.ch01_naive_decode.test_cli import assert_fails_fast
 
 pytestmark = pytest.mark.requires("serving")
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def never_load(*args, **kwargs):
-    raise AssertionError("the model was loaded although an option was bad")
+@pytest.fixture
+def cli(checkpoint):
+    return importlib.import_module(f"{checkpoint.__name__}.__main__")
 
 
 BAD_OPTIONS = {
@@ -36,28 +38,19 @@ BAD_OPTIONS = {
 
 
 @pytest.mark.parametrize("options", BAD_OPTIONS.values(), ids=BAD_OPTIONS.keys())
-def test_bad_serve_option_fails_fast_with_one_line(options, monkeypatch, capsys):
+def test_bad_serve_option_fails_fast_with_one_line(cli, options, monkeypatch, capsys):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(cli, "load_llm", never_load)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["serve", *options])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("rosellm") and "error:" in err, err
+    assert_fails_fast(cli, ["serve", *options], capsys, monkeypatch)
 
 
-def test_a_taken_port_fails_before_the_model_loads(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_llm", never_load)
+def test_a_taken_port_fails_before_the_model_loads(cli, monkeypatch, capsys):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        with pytest.raises(SystemExit) as exit_info:
-            cli.main(["serve", "--port", str(port)])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err
+        err = assert_fails_fast(cli, ["serve", "--port", str(port)], capsys, monkeypatch)
+    assert f"cannot listen on 127.0.0.1:{port}" in err
 
 
-def test_help_shows_the_serve_defaults(capsys):
+def test_help_shows_the_serve_defaults(cli, capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())

@@ -1,38 +1,39 @@
 """`--enforce-eager` reaches the engine's options, and a checkpoint that compiles nothing refuses it in one line."""
 
+import importlib
+
 import pytest
 
-from rosellm import __main__ as cli
-from tests.ch07_continuous_batching.test_cli import FakeCheckpoint, never_load
+from tests.ch01_naive_decode.test_cli import FakeCheckpoint, assert_fails_fast, fake_chapters_answering
+
+
+@pytest.fixture
+def cli(checkpoint):
+    return importlib.import_module(f"{checkpoint.__name__}.__main__")
 
 
 @pytest.fixture
 def fake_chapters(monkeypatch):
     """`chapters.checkpoint` answering 6 (Triton kernels, nothing compiled) and 11 (compiled)."""
-    known = {6: FakeCheckpoint(6, {"paged", "triton_kernels"}), 11: FakeCheckpoint(11, {"triton_kernels", "compiled"})}
-    import chapters
+    return fake_chapters_answering(
+        monkeypatch,
+        {6: FakeCheckpoint(6, {"paged", "triton_kernels"}), 11: FakeCheckpoint(11, {"triton_kernels", "compiled"})},
+    )
 
-    monkeypatch.setattr(chapters, "checkpoint", lambda name: known[int(str(name)[-2:])], raising=False)
-    return known
 
-
-def test_enforce_eager_is_an_engine_option():
+def test_enforce_eager_is_an_engine_option(cli):
     args = cli.build_parser().parse_args(["generate", "hello", "--enforce-eager"])
-    assert cli.engine_options(args, None) == {"device": "cpu", "enforce_eager": True}
+    assert cli.engine_options(args) == {"device": "cpu", "enforce_eager": True}
     args = cli.build_parser().parse_args(["serve", "--enforce-eager"])
-    assert cli.engine_options(args, None)["enforce_eager"] is True
-    assert "enforce_eager" not in cli.engine_options(cli.build_parser().parse_args(["generate", "hello"]), None)
+    assert cli.engine_options(args)["enforce_eager"] is True
+    assert "enforce_eager" not in cli.engine_options(cli.build_parser().parse_args(["generate", "hello"]))
 
 
-def test_chapter_11_gets_enforce_eager(fake_chapters, capsys):
+def test_chapter_11_gets_enforce_eager(cli, fake_chapters, capsys):
     cli.main(["generate", "hello", "--raw", "--chapter", "11", "--enforce-eager"])
     assert fake_chapters[11].llm_options == {"device": "cpu", "enforce_eager": True}
 
 
-def test_enforce_eager_before_chapter_11_fails_fast_with_one_line(fake_chapters, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_llm", never_load)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["generate", "hello", "--chapter", "06", "--enforce-eager"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--enforce-eager" in err and "chapter 06" in err, err
+def test_enforce_eager_before_chapter_11_fails_fast_with_one_line(cli, fake_chapters, monkeypatch, capsys):
+    err = assert_fails_fast(cli, ["generate", "hello", "--chapter", "06", "--enforce-eager"], capsys, monkeypatch)
+    assert "--enforce-eager" in err and "chapter 06" in err, err

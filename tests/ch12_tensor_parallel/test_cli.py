@@ -4,23 +4,21 @@ one line."""
 import pytest
 
 from rosellm import __main__ as cli
-from tests.ch07_continuous_batching.test_cli import FakeCheckpoint, never_load
+from tests.ch01_naive_decode.test_cli import FakeCheckpoint, fake_chapters_answering, never_load
 
 
 @pytest.fixture
 def fake_chapters(monkeypatch):
     """`chapters.checkpoint` answering 11 (one process) and 12 (tensor parallel)."""
-    known = {11: FakeCheckpoint(11, {"compiled"}), 12: FakeCheckpoint(12, {"compiled", "tensor_parallel"})}
-    import chapters
-
-    monkeypatch.setattr(chapters, "checkpoint", lambda name: known[int(str(name)[-2:])], raising=False)
-    return known
+    return fake_chapters_answering(
+        monkeypatch, {11: FakeCheckpoint(11, {"compiled"}), 12: FakeCheckpoint(12, {"compiled", "tensor_parallel"})}
+    )
 
 
 def test_tensor_parallel_size_is_an_engine_option(fake_chapters):
     args = cli.build_parser().parse_args(["serve", "--tensor-parallel-size", "3"])
-    assert cli.engine_options(args, None) == {"device": "cpu", "tensor_parallel_size": 3}
-    assert "tensor_parallel_size" not in cli.engine_options(cli.build_parser().parse_args(["demo"]), None)
+    assert cli.engine_options(args) == {"device": "cpu", "tensor_parallel_size": 3}
+    assert "tensor_parallel_size" not in cli.engine_options(cli.build_parser().parse_args(["demo"]))
     cli.main(["generate", "hello", "--raw", "--chapter", "12", "--tensor-parallel-size", "2"])
     assert fake_chapters[12].llm_options == {"device": "cpu", "tensor_parallel_size": 2}
 

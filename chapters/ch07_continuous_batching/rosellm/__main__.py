@@ -5,9 +5,7 @@ Options are checked before the model loads; a bad one ends the run with one line
 """
 
 import argparse
-import hashlib
 import importlib
-import os
 import sys
 import threading
 import time
@@ -15,12 +13,14 @@ from pathlib import Path
 
 import torch
 
+from . import attention_backend, loader
+from .chat_template import chat_prompt
+
 DEMO_QUESTIONS = [
     "What is the capital of France?",
     "Give me three tips for writing clear code.",
     "Explain in two sentences what a KV cache is.",
 ]
-BACKENDS = ("torch", "triton")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default="cpu", help='"cpu", "cuda" or "cuda:N"')
         p.add_argument(
             "--attention-backend",
-            choices=BACKENDS,
+            choices=attention_backend.BACKENDS,
             default=None,
             help='attention kernels (from chapter 06); default: "triton" on CUDA, "torch" elsewhere',
         )
@@ -106,18 +106,15 @@ class BadOption(Exception):
     """An option that cannot work; reported as one line, exit code 2."""
 
 
-def check_model(model: str | None) -> None:
-    if model is None:
-        return
-    path = Path(model)
-    if path.suffix == ".gguf" and path.is_file():
-        return
-    if path.is_dir() and (path / "config.json").is_file():
-        return
-    raise BadOption(f"--model {model}: no such .gguf file or Hugging Face folder with config.json")
+def model_source(model: str | None) -> Path:
+    """The model's file or folder, checked as the loader checks it."""
+    try:
+        return loader.model_source(model)
+    except FileNotFoundError as error:
+        raise BadOption(str(error) if model is None else f"--model {error}") from None
 
 
-def check_device(device: str, backend: str | None) -> None:
+def check_device(device: str) -> None:
     try:
         kind = torch.device(device).type
     except RuntimeError:
@@ -126,14 +123,21 @@ def check_device(device: str, backend: str | None) -> None:
         raise BadOption(f"--device {device}: PyTorch sees no CUDA device here")
     if kind not in ("cpu", "cuda"):
         raise BadOption(f'--device {device}: rosellm runs on "cpu" or "cuda"')
-    if backend == "triton" and kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise BadOption("--attention-backend triton needs --device cuda (or TRITON_INTERPRET=1 on the CPU)")
 
 
-def engine_package(args) -> tuple[object, frozenset[str] | None]:
-    """The package to run and its declared capabilities (None: this package, which has them all)."""
+def check_attention_backend(name: str | None, device: str) -> None:
+    """The "triton" backend's own check (Triton installed; CUDA, or Triton's interpreter), before loading."""
+    if name == "triton":
+        try:
+            attention_backend.check_triton_runs(torch.device(device))
+        except ValueError as error:
+            raise BadOption(f"--attention-backend triton: {error}") from None
+
+
+def engine_package(args):
+    """The package to run: this one, or the checkpoint `--chapter` names."""
     if args.chapter is None:
-        return importlib.import_module(__package__), None
+        return importlib.import_module(__package__)
     try:
         from chapters import checkpoint
     except ImportError:
@@ -147,13 +151,13 @@ def engine_package(args) -> tuple[object, frozenset[str] | None]:
             f"--attention-backend: chapter {chosen.number:02d} has a single attention path "
             "(backends arrive in chapter 06)"
         )
-    return chosen.load(), chosen.capabilities
+    return chosen.load()
 
 
-def engine_options(args, capabilities: frozenset[str] | None) -> dict:
-    """What the chosen checkpoint's `LLM` accepts, decided by its declared capabilities."""
+def engine_options(args) -> dict:
+    """The options of `LLM` that the command line sets."""
     options = {"device": args.device}
-    if args.attention_backend is not None and (capabilities is None or "triton_kernels" in capabilities):
+    if args.attention_backend is not None:
         options["attention_backend"] = args.attention_backend
     return options
 
@@ -161,29 +165,17 @@ def engine_options(args, capabilities: frozenset[str] | None) -> dict:
 # --- loading, with word of the one slow first run ---------------------------------------------------------
 
 
-def pending_gguf_conversion(package, model: str | None) -> Path | None:
-    """The GGUF file that loading will convert first (the loader caches it), or None when cached or not a GGUF.
-    The cache folder is named as `loader.gguf_to_hf_folder` names it."""
-    loader = importlib.import_module(f"{package.__name__}.loader")
-    try:
-        path = loader.bundled_model_path() if model is None else Path(model)
-    except FileNotFoundError:
-        return None  # loading reports it
-    if path.suffix != ".gguf":
-        return None
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = loader.cache_dir() / f"{path.stem}-{key}"
-    return None if (folder / "model.safetensors").is_file() else path
+def needs_conversion(source: Path) -> bool:
+    """Whether loading `source` converts a GGUF file first: the loader caches the conversion."""
+    return source.is_file() and not (loader.gguf_cache_folder(source) / "model.safetensors").is_file()
 
 
-def load_llm(package, model: str | None, options: dict):
+def load_llm(package, model: str | None, source: Path, options: dict):
     """`package.LLM(model, **options)`, telling stderr what takes time while it happens."""
-    gguf = pending_gguf_conversion(package, model)
     what = (
-        f"converting {gguf.name} to a cached Hugging Face folder (first run only, ~20 s)"
-        if gguf
-        else f"loading {Path(model).name if model else 'SmolLM2-135M-Instruct'} on {options['device']}"
+        f"converting {source.name} to a cached Hugging Face folder (first run only, ~20 s)"
+        if needs_conversion(source)
+        else f"loading {source.name} on {options['device']}"
     )
     done = threading.Event()
     ticker = threading.Thread(target=show_elapsed, args=(what, done), daemon=True)
@@ -208,11 +200,6 @@ def show_elapsed(what: str, done: threading.Event) -> None:
 
 
 # --- generating ----------------------------------------------------------------------------------------
-
-
-def chat_prompt(llm, question: str) -> str:
-    messages = [{"role": "user", "content": question}]
-    return llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def timed_stream(stream) -> tuple[object, float, float]:
@@ -245,13 +232,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        check_model(args.model)
-        check_device(args.device, args.attention_backend)
-        package, capabilities = engine_package(args)
+        source = model_source(args.model)
+        check_device(args.device)
+        check_attention_backend(args.attention_backend, args.device)
+        package = engine_package(args)
     except BadOption as error:
         parser.exit(2, f"rosellm {args.command}: error: {error}\n")
     try:
-        llm = load_llm(package, args.model, engine_options(args, capabilities))
+        llm = load_llm(package, args.model, source, engine_options(args))
         params = package.SamplingParams(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=args.seed
         )
@@ -260,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         for question in questions:
             if args.command == "demo":
                 print(f"\n>>> {question}")
-            prompt = question if raw else chat_prompt(llm, question)
+            prompt = question if raw else chat_prompt(llm.tokenizer, [{"role": "user", "content": question}])
             output, ttft, total = timed_stream(llm.stream(prompt, params))
             print(timing_line(output, ttft, total), file=sys.stderr)
     except (FileNotFoundError, ValueError) as error:

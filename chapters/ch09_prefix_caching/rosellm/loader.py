@@ -33,14 +33,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ROSELLM_CACHE", Path.home() / ".cache" / "rosellm"))
 
 
+def model_source(model: str | os.PathLike | None) -> Path:
+    """The file or folder `model` names, checked without reading it: None (the bundled SmolLM2), a `.gguf`
+    file, or a Hugging Face folder with config.json; FileNotFoundError otherwise."""
+    path = bundled_model_path() if model is None else Path(model)
+    if (path.suffix == ".gguf" and path.is_file()) or (path / "config.json").is_file():
+        return path
+    raise FileNotFoundError(f"{path} is neither a .gguf file nor a folder with config.json")
+
+
 def resolve_model_folder(model: str | os.PathLike | None) -> Path:
     """A Hugging Face folder for `model`: None (the bundled SmolLM2), a `.gguf` file, or a folder."""
-    path = bundled_model_path() if model is None else Path(model)
-    if path.suffix == ".gguf":
-        return gguf_to_hf_folder(path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is neither a .gguf file nor a folder with config.json")
-    return path
+    path = model_source(model)
+    return gguf_to_hf_folder(path) if path.is_file() else path
 
 
 def load_model(model=None, device: str = "cpu", dtype: torch.dtype | None = None):
@@ -138,11 +143,17 @@ def gguf_config(fields: dict, has_output_weight: bool, num_tokens: int) -> dict:
     }
 
 
-def gguf_to_hf_folder(path: Path) -> Path:
-    """Dequantize a GGUF file into a cached Hugging Face folder (once); return the folder."""
+def gguf_cache_folder(path: Path) -> Path:
+    """Where the Hugging Face folder converted from a GGUF file is cached: a new name whenever the file's
+    path, size or modification time changes."""
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = cache_dir() / f"{path.stem}-{key}"
+    return cache_dir() / f"{path.stem}-{key}"
+
+
+def gguf_to_hf_folder(path: Path) -> Path:
+    """Dequantize a GGUF file into a cached Hugging Face folder (once); return the folder."""
+    folder = gguf_cache_folder(path)
     if (folder / "model.safetensors").is_file():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,9 @@ Every backend has the same three methods:
     "triton"     chapter 06's kernels (the default on CUDA)
 """
 
+import importlib.util
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,12 +56,27 @@ def get_attention_backend(name: str | None, device: torch.device | str, enforce_
         return GroupedAttentionBackend()
     if name == "cpu":
         return CpuAttentionBackend()
+    check_triton_runs(device)
+    from . import kernels  # imports Triton: only when it is asked for
+
+    return StatelessBackend("triton", kernels.store_kv, kernels.paged_attention)
+
+
+def check_triton_runs(device: torch.device) -> None:
+    """A one-line ValueError unless the "triton" backend can run on `device` here: Triton must be installed
+    (it has wheels for Linux only), and the device must be CUDA or Triton's interpreter must be on."""
+    try:
+        installed = importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # an import system that refuses it, or a module without a spec
+        installed = False
+    if not installed:
+        raise ValueError(
+            f"Triton is not installed ({platform.system()} here; it has wheels for Linux only): "
+            'use attention_backend="torch"'
+        )
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
             f'attention_backend="triton" on device {device.type!r} runs only in Triton\'s interpreter: set '
             "TRITON_INTERPRET=1 in the environment before rosellm's kernels are imported (it is slow: for "
             'tests and learning), or use attention_backend="torch"'
         )
-    from . import kernels  # imports Triton: only when it is asked for
-
-    return StatelessBackend("triton", kernels.store_kv, kernels.paged_attention)

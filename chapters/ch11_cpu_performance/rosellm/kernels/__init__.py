@@ -4,8 +4,10 @@
     decode_attention.py   split-K decode    <- paged_attention.paged_attention (one new token per sequence)
     prefill_attention.py  causal prefill    <- paged_attention.paged_attention (any number of new tokens)
 
-Importing this package imports Triton. On a machine without a GPU, Triton can only run these kernels in
-its interpreter, and only if TRITON_INTERPRET=1 is in the environment before this package is imported.
+Importing this package imports Triton, which has wheels for Linux only. On a machine without a GPU, Triton
+can only run these kernels in its interpreter, and only if TRITON_INTERPRET=1 is in the environment before
+this package is imported. `attention_backend.check_triton_runs` checks both before the "triton" backend
+imports this package.
 """
 
 import torch
