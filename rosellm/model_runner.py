@@ -48,7 +48,7 @@ class ModelRunner:
         self.model.set_attention_backend(self.attention_backend)
         packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
         if not enforce_eager:
-            self.model.model.compile_layers()
+            self.model.compile_layers()
         self.config = self.model.config
         self.dtype = self.model.lm_head.weight.dtype
         self.kv_pool: KVPool | None = None
@@ -81,7 +81,7 @@ class ModelRunner:
             seq_len = (blocks - 1) * block_size + 1
             metadata = AttentionMetadata.build([1] * batch, [seq_len] * batch, tables, block_size, self.device)
             metadata.slot_mapping.fill_(-1)
-            self.attention_backend.begin_forward(metadata, block_size)
+            metadata.plan = self.attention_backend.plan(metadata, block_size)
             hidden = self.model(torch.zeros(batch, dtype=torch.long, device=self.device), metadata, self.kv_pool)
             self.model.compute_logits(hidden)
 
@@ -111,7 +111,7 @@ class ModelRunner:
             inputs.num_new_tokens, inputs.seq_lens, block_tables, self.kv_pool.block_size, self.device
         )
         input_ids = torch.tensor(inputs.token_ids, device=self.device)  # [num_tokens]
-        self.attention_backend.begin_forward(metadata, self.kv_pool.block_size)
+        metadata.plan = self.attention_backend.plan(metadata, self.kv_pool.block_size)
         return self.model(input_ids, metadata, self.kv_pool)
 
     @torch.inference_mode()

@@ -50,7 +50,7 @@ class ModelRunner:
             plan.num_new_tokens, seq_lens, block_tables, self.kv_pool.block_size, self.device
         )
         input_ids = torch.tensor([t for tokens in new_tokens for t in tokens], device=self.device)  # [num_tokens]
-        self.attention_backend.begin_forward(metadata, self.kv_pool.block_size)
+        metadata.plan = self.attention_backend.plan(metadata, self.kv_pool.block_size)
         return self.model(input_ids, metadata, self.kv_pool)
 
     @torch.inference_mode()

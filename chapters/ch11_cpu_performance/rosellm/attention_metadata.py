@@ -1,6 +1,7 @@
 """What one forward needs to know about the batch, as tensors: the only view of it the model gets."""
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -15,6 +16,7 @@ class AttentionMetadata:
     query_lens:      [batch]       new tokens of each sequence
     seq_lens:        [batch]       tokens of each sequence once this step's are stored (cached + new)
     block_tables:    [batch, max_blocks]  the blocks of each sequence, in order, -1 for none
+    plan:            what the attention backend planned for this forward (`backend.plan`), read by every layer
     """
 
     positions: torch.Tensor
@@ -25,6 +27,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    plan: Any = None
 
     @classmethod
     def build(
