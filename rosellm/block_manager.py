@@ -8,6 +8,7 @@ tokens (prefix_caching.py), and a new sequence starts from the longest chain of 
 """
 
 from .block_allocator import BlockAllocator, NoFreeBlocksError
+from .block_math import blocks_for
 from .prefix_caching import PrefixCachingBlockAllocator, hash_block
 from .sequence import Sequence
 
@@ -34,7 +35,7 @@ class BlockManager:
         return self.allocator.num_total_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)  # ceil
+        return blocks_for(num_tokens, self.block_size)
 
     # --- growing a table --------------------------------------------------------------------------------
 

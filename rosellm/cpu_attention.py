@@ -1,24 +1,27 @@
 """The "cpu" attention backend: no row copies keys and values out of the pool when it need not.
 
-Chapter 07's "torch" backend copies every group's blocks out of the pool before SDPA reads them: for a
-decode step that is the whole KV cache written once more and read twice, and SDPA's CPU kernel is slow
-for one query per sequence. Here:
+The "torch" backend copies every group's blocks out of the pool before SDPA reads them: for a decode step
+that is the whole KV cache written once more and read twice, and SDPA's CPU kernel is slow for one query
+per sequence. Here:
 - a group of decode rows is one function of the pool and the block tables, written as plain tensor algebra
   (a gather, a product summed over head_dim, a softmax, a weighted sum over keys); torch.compile (Inductor)
   turns it into loops that load each key and value from its block where it lies;
-- a prompt with nothing cached before this step attends to its own new keys and values, which `store_kv`
-  has just been given: causal SDPA on them, nothing read from the pool;
-- a prompt chunk after a cached or computed beginning keeps the grouped SDPA.
+- a prompt with nothing cached before this step attends to its own new keys and values, read from the
+  slots `store_kv` has just written (a copy the size of the prompt's keys): causal SDPA on them, with no
+  padding and no mask;
+- a prompt chunk after a cached or computed beginning goes to the grouped backend it holds.
 """
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from .attention_metadata import AttentionMetadata
-from .grouped_attention import GroupedAttentionBackend, GroupPlan, padding_groups
+from .grouped_attention import GroupedAttentionBackend, GroupedAttentionPlan, GroupPlan, row_groups
+from .paged_attention import store_kv
 
 
 def decode_attention(
@@ -72,53 +75,61 @@ def compiled_decode_attention(query, key_cache, value_cache, block_tables, seq_l
     return _compiled()(query, key_cache, value_cache, block_tables, seq_lens)
 
 
-class CpuAttentionBackend(GroupedAttentionBackend):
-    """The "cpu" backend: decode groups read the pool in place, fresh prompts their own new keys."""
+@dataclass
+class CpuPlan:
+    """What `CpuAttentionBackend.plan` makes for one forward."""
+
+    fresh_prompts: list[tuple[int, int]]  # query rows start:end of each prompt with nothing cached
+    decode_groups: list[GroupPlan]  # decode rows, grouped by length
+    others: GroupedAttentionPlan  # the rest: prompt chunks after a cached or computed beginning
+
+
+class CpuAttentionBackend:
+    """The "cpu" backend: decode groups read the pool in place, fresh prompts their own new keys, and a
+    grouped ("torch") backend, which it holds, attends the other rows."""
 
     name = "cpu"
 
-    def begin_forward(self, metadata: AttentionMetadata, block_size: int) -> None:
-        """Fresh prompts (every token new this step) apart; the other rows grouped as chapter 07 groups them."""
-        starts = metadata.query_start_loc.tolist()
-        query_lens, seq_lens = [b - a for a, b in zip(starts, starts[1:])], metadata.seq_lens.tolist()
-        fresh = {b for b, (q, n) in enumerate(zip(query_lens, seq_lens)) if q == n and q > 1}
-        self.fresh_prompts = [(starts[b], starts[b + 1]) for b in sorted(fresh)]
-        rest = [b for b in range(len(query_lens)) if b not in fresh]
-        groups = padding_groups([query_lens[b] for b in rest], [seq_lens[b] for b in rest])
-        self.plan = [GroupPlan([rest[i] for i in group], metadata, block_size) for group in groups]
-        self.metadata = metadata
+    def __init__(self):
+        self.grouped = GroupedAttentionBackend()
+
+    def plan(self, metadata: AttentionMetadata, block_size: int) -> CpuPlan:
+        """Fresh prompts (every token new this step, more than one) apart; decode rows and the rest grouped
+        as the grouped backend groups them (set the result as `metadata.plan`)."""
+        starts, query_lens = metadata.query_start_loc.tolist(), metadata.query_lens.tolist()
+        seq_lens = metadata.seq_lens.tolist()
+        fresh = [b for b, (q, n) in enumerate(zip(query_lens, seq_lens)) if q == n and q > 1]
+        decode = [b for b, q in enumerate(query_lens) if q == 1]
+        others = [b for b, (q, n) in enumerate(zip(query_lens, seq_lens)) if 1 < q < n]
+        return CpuPlan(
+            fresh_prompts=[(starts[b], starts[b + 1]) for b in fresh],
+            decode_groups=[GroupPlan(rows, metadata, block_size) for rows in row_groups(metadata, decode)],
+            others=self.grouped.plan(metadata, block_size, others),
+        )
 
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        """Store them, and keep this layer's new keys and values [num_tokens, kv_heads, head_dim] for the
-        fresh prompts of `paged_attention`."""
-        super().store_kv(key, value, key_cache, value_cache, slot_mapping)
-        self.new_keys, self.new_values = key, value
+        store_kv(key, value, key_cache, value_cache, slot_mapping)
 
     def paged_attention(
         self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        out = super().paged_attention(query, key_cache, value_cache, metadata)  # the groups (fresh rows in none)
-        for start, end in self.fresh_prompts:
+        """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], as the reference."""
+        plan = metadata.plan
+        if not isinstance(plan, CpuPlan):
+            raise RuntimeError("this forward has no plan: set metadata.plan = backend.plan(metadata, block_size)")
+        out = self.grouped.paged_attention(query, key_cache, value_cache, replace(metadata, plan=plan.others))
+        for group in plan.decode_groups:
+            out[group.tokens] = compiled_decode_attention(
+                query[group.tokens], key_cache, value_cache, group.block_tables, group.seq_lens
+            )
+        keys, values = key_cache.flatten(0, 1), value_cache.flatten(0, 1)  # [slots, kv_heads, head_dim]
+        for start, end in plan.fresh_prompts:
+            slots = metadata.slot_mapping[start:end]  # where this step stored the prompt's keys and values
             out[start:end] = F.scaled_dot_product_attention(  # 4-D: SDPA's CPU kernel is several times slower on 3-D
                 query[None, start:end].transpose(1, 2),  # [1, heads, tokens, head_dim]
-                self.new_keys[None, start:end].transpose(1, 2),  # [1, kv_heads, tokens, head_dim]
-                self.new_values[None, start:end].transpose(1, 2),
+                keys[None, slots].transpose(1, 2),  # [1, kv_heads, tokens, head_dim]
+                values[None, slots].transpose(1, 2),
                 is_causal=True,
                 enable_gqa=True,
             )[0].transpose(0, 1)
         return out
-
-    def _attend(
-        self,
-        group: GroupPlan,
-        query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        out: torch.Tensor,
-    ) -> None:
-        if group.max_query_len > 1:
-            super()._attend(group, query, key_cache, value_cache, out)
-            return
-        out[group.tokens] = compiled_decode_attention(
-            query[group.tokens], key_cache, value_cache, group.block_tables, group.seq_lens
-        )

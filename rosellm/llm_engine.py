@@ -14,6 +14,7 @@ import torch
 from torch.profiler import record_function
 
 from .block_manager import BlockManager
+from .block_math import blocks_for
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
@@ -22,6 +23,7 @@ from .parallel_runner import TensorParallelRunner
 from .sampling import SamplingParams, make_generators, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
+from .step_inputs import StepInputs
 from .stop_strings import StopStringMatcher
 
 
@@ -84,7 +86,7 @@ class LLMEngine:
         self.eos_token_ids = {t for t in eos if t is not None}
         num_kv_blocks = config.num_kv_blocks
         if num_kv_blocks is None:
-            blocks_per_seq = -(-self.max_model_len // config.block_size)
+            blocks_per_seq = blocks_for(self.max_model_len, config.block_size)
             affordable = config.kv_cache_memory // (config.block_size * self.model_runner.bytes_per_token())
             num_kv_blocks = max(1, min(affordable, config.max_num_seqs * blocks_per_seq))
         self.block_manager = BlockManager(num_kv_blocks, config.block_size, config.enable_prefix_caching)
@@ -184,9 +186,10 @@ class LLMEngine:
         try:
             with record_function("rosellm.forward"):
                 self.model_runner.copy_blocks(plan.copies)
-                hidden = self.model_runner.forward(plan)
+                inputs = StepInputs.from_plan(plan)
+                hidden = self.model_runner.forward(inputs)
             with record_function("rosellm.lm_head"):
-                logits = self.model_runner.sampling_logits(hidden, plan)  # [rows that sample, vocab]
+                logits = self.model_runner.sampling_logits(hidden, inputs)  # [rows that sample, vocab]
                 if len(draws) > len(logits):  # a forking prompt samples n times from its row
                     logits = logits[[row for _, _, row in draws]]  # [len(draws), vocab]
             with record_function("rosellm.sample"):
@@ -244,7 +247,7 @@ class LLMEngine:
         self._check_request(seq)
         self.block_manager.grow(seq, len(token_ids))
         try:
-            hidden = self.model_runner.forward(SchedulerOutput([seq], [len(token_ids)]))
+            hidden = self.model_runner.forward(StepInputs.from_plan(SchedulerOutput([seq], [len(token_ids)])))
         finally:
             self.block_manager.free(seq)
         return self.model.compute_logits(hidden)

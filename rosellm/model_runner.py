@@ -1,30 +1,19 @@
-"""The model runner: turns a step's plan into tensors and runs the model on them.
+"""The model runner: turns a step's inputs into tensors and runs the model on them.
 
-It owns the model, its tokenizer, the attention backend and the paged KV pool. It reads what the
-scheduled sequences hold (their new tokens, how many are computed, their block tables) and builds the
-batch's tensors; the model itself only ever sees those tensors.
+It owns the model, its tokenizer, the attention backend and the paged KV pool. It is handed each step's
+`StepInputs` (plain lists: new tokens, lengths, block tables) and builds the batch's tensors; the model
+itself only ever sees those tensors.
 """
-
-from dataclasses import dataclass
 
 import torch
 
 from . import packed_linear
 from .attention_backend import get_attention_backend
 from .attention_metadata import AttentionMetadata
+from .block_math import blocks_for
 from .kv_pool import KVPool
 from .loader import load_model
-from .scheduler import SchedulerOutput
-
-
-@dataclass
-class StepInputs:
-    """A step's batch as plain lists: what a tensor-parallel rank 0 sends the other ranks each step."""
-
-    token_ids: list[int]  # every sequence's new tokens, end to end
-    num_new_tokens: list[int]  # per sequence
-    seq_lens: list[int]  # per sequence: cached + new tokens
-    block_tables: list[list[int]]  # per sequence: its blocks, in order
+from .step_inputs import StepInputs
 
 
 class ModelRunner:
@@ -47,7 +36,7 @@ class ModelRunner:
         self.model.set_attention_backend(self.attention_backend)
         packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
         if not enforce_eager:
-            self.model.model.compile_layers()
+            self.model.compile_layers()
         self.config = self.model.config
         self.dtype = self.model.lm_head.weight.dtype
         self.kv_pool: KVPool | None = None
@@ -59,7 +48,7 @@ class ModelRunner:
 
     def allocate_kv_pool(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         self.kv_pool = KVPool(self.config, num_blocks, block_size, self.dtype, self.device)
-        self.max_blocks_per_seq = -(-max_model_len // block_size)  # the width of a block table
+        self.max_blocks_per_seq = blocks_for(max_model_len, block_size)  # the width of a block table
         if not self.enforce_eager:
             self.warm_up()
 
@@ -80,29 +69,14 @@ class ModelRunner:
             seq_len = (blocks - 1) * block_size + 1
             metadata = AttentionMetadata.build([1] * batch, [seq_len] * batch, tables, block_size, self.device)
             metadata.slot_mapping.fill_(-1)
-            self.attention_backend.begin_forward(metadata, block_size)
+            metadata.plan = self.attention_backend.plan(metadata, block_size)
             hidden = self.model(torch.zeros(batch, dtype=torch.long, device=self.device), metadata, self.kv_pool)
             self.model.compute_logits(hidden)
 
-    def forward(self, plan: SchedulerOutput) -> torch.Tensor:
-        """Run every scheduled sequence's new tokens in one forward; their keys and values go into the pool.
-        Returns hidden states [num_tokens, hidden], sequences end to end."""
-        return self.run(self.step_inputs(plan))
-
-    @staticmethod
-    def step_inputs(plan: SchedulerOutput) -> StepInputs:
-        """What the forward reads from the scheduled sequences (the model never sees a sequence)."""
-        inputs = StepInputs([], list(plan.num_new_tokens), [], [])
-        for seq, num_new in zip(plan.scheduled, plan.num_new_tokens):
-            start = seq.num_computed_tokens
-            inputs.token_ids += seq.token_ids[start : start + num_new]
-            inputs.seq_lens.append(start + num_new)
-            inputs.block_tables.append(list(seq.block_table))
-        return inputs
-
     @torch.inference_mode()
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """The forward of one step's batch -> hidden states [num_tokens, hidden]."""
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Run every row's new tokens in one forward; their keys and values go into the pool.
+        Returns hidden states [num_tokens, hidden], rows end to end."""
         width = self.max_blocks_per_seq
         tables = [table + [-1] * (width - len(table)) for table in inputs.block_tables]
         block_tables = torch.tensor(tables, dtype=torch.int32)  # [batch, max_blocks_per_seq], -1: no block
@@ -110,15 +84,15 @@ class ModelRunner:
             inputs.num_new_tokens, inputs.seq_lens, block_tables, self.kv_pool.block_size, self.device
         )
         input_ids = torch.tensor(inputs.token_ids, device=self.device)  # [num_tokens]
-        self.attention_backend.begin_forward(metadata, self.kv_pool.block_size)
+        metadata.plan = self.attention_backend.plan(metadata, self.kv_pool.block_size)
         return self.model(input_ids, metadata, self.kv_pool)
 
     @torch.inference_mode()
-    def sampling_logits(self, hidden: torch.Tensor, plan: SchedulerOutput) -> torch.Tensor:
+    def sampling_logits(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
         """[num_tokens, hidden] -> logits [rows that sample, vocab_size] at the last new token of each row
         whose chunk reaches its sequence's end (a chunk in the middle of a prompt has nothing to sample)."""
-        ends = torch.tensor(plan.num_new_tokens, device=hidden.device).cumsum(0) - 1
-        return self.model.compute_logits(hidden[ends[torch.tensor(plan.samples, device=hidden.device)]])
+        ends = torch.tensor(inputs.num_new_tokens, device=hidden.device).cumsum(0) - 1
+        return self.model.compute_logits(hidden[ends[torch.tensor(inputs.samples, device=hidden.device)]])
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy on write: each (source, copy) pair's keys and values, in every layer, in order."""

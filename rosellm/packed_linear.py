@@ -3,8 +3,7 @@
 `F.linear` hands a row-major [out, in] weight to the BLAS at every call, which re-blocks it for its
 kernel each time; at decode shapes (a few dozen rows) that costs as much as the multiply. oneDNN can
 reorder a weight once, at load, into the blocked layout its kernel reads (what Inductor's freezing pass
-does on CPU). Chapter 11's notebook times both at this model's shapes; the LM head, the largest matrix,
-gains the most.
+does on CPU); the LM head, the largest matrix, gains the most.
 
 The packed weight is an opaque oneDNN tensor that torch.compile cannot trace, so the multiply is a custom
 operator: compiled code calls it like any other extern kernel, with the plain weight as its argument; the

@@ -28,6 +28,7 @@ from . import tensor_parallel
 from .config import ModelConfig
 from .loader import resolve_model_folder
 from .model_runner import ModelRunner
+from .step_inputs import StepInputs
 
 # The longest a rank waits for the others in a collective: long enough for the slowest rank to compile its
 # layers at start (a dead rank is noticed at once, without waiting for this)
@@ -79,11 +80,11 @@ class TensorParallelRunner:
     def allocate_kv_pool(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         self.call("allocate_kv_pool", num_blocks, block_size, max_model_len)
 
-    def forward(self, plan) -> torch.Tensor:
-        return self.call("run", ModelRunner.step_inputs(plan))
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        return self.call("forward", inputs)
 
-    def sampling_logits(self, hidden: torch.Tensor, plan) -> torch.Tensor:
-        return self.local.sampling_logits(hidden, plan)  # every rank has the whole hidden state: rank 0 samples
+    def sampling_logits(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        return self.local.sampling_logits(hidden, inputs)  # every rank has the whole hidden state: rank 0 samples
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         self.call("copy_blocks", copies)

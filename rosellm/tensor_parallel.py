@@ -146,10 +146,6 @@ def set_world_size(size: int) -> None:
     _world_size = size
 
 
-def world_size() -> int:
-    return _world_size
-
-
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """The sum of `x` over the ranks (every rank gets it); `x` itself with one rank."""
     return x if _world_size == 1 else summed_over_ranks(x)

@@ -14,10 +14,10 @@ MIXED_STEP = ([3, 200, 210, 17, 150, 5, 64], [1, 1, 1, 1, 150, 5, 40])
 
 def grouped_attention(checkpoint, problem, block_size, backend=None):
     """Plan the forward once, then run the attention twice, as two layers would (the second reuses the plan
-    and the gather buffers). Returns both outputs."""
+    and its gather buffers). Returns both outputs."""
     query, key_cache, value_cache, metadata = problem[:4]
     backend = backend or checkpoint.grouped_attention.GroupedAttentionBackend()
-    backend.begin_forward(metadata, block_size)
+    metadata.plan = backend.plan(metadata, block_size)
     return [backend.paged_attention(query, key_cache, value_cache, metadata) for _ in range(2)]
 
 
@@ -74,11 +74,11 @@ def test_attention_refuses_a_forward_it_has_not_planned(checkpoint):
     seq_lens, query_lens = MIXED_STEP
     problem = make_problem(checkpoint, seq_lens, query_lens, 16, 4, 2, head_dim=8)
     backend = checkpoint.grouped_attention.GroupedAttentionBackend()
-    with pytest.raises(RuntimeError, match="begin_forward"):
+    with pytest.raises(RuntimeError, match="plan"):
         backend.paged_attention(*problem[:4])
-    backend.begin_forward(problem[3], 16)
+    problem[3].plan = backend.plan(problem[3], 16)
     other = make_problem(checkpoint, seq_lens, query_lens, 16, 4, 2, head_dim=8)  # another forward's metadata
-    with pytest.raises(RuntimeError, match="begin_forward"):
+    with pytest.raises(RuntimeError, match="plan"):
         backend.paged_attention(*other[:4])
 
 

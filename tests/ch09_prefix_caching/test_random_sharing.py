@@ -28,9 +28,14 @@ class Shadow:
         self.prefixes: dict[bytes, tuple[int, ...]] = {}  # hash -> the tokens it chains
         self.block_size = engine.block_manager.block_size
         runner, forward, copy_blocks = engine.model_runner, engine.model_runner.forward, engine.model_runner.copy_blocks
+        schedule, plans = engine.scheduler.schedule, []
 
-        def recording_forward(plan):
-            size = self.block_size
+        def remembering_schedule():
+            plans[:] = [schedule()]
+            return plans[-1]
+
+        def recording_forward(inputs):  # the inputs of the last plan scheduled
+            size, plan = self.block_size, plans[-1]
             for seq, num_new in zip(plan.scheduled, plan.num_new_tokens):
                 tokens, end = tuple(seq.token_ids), seq.num_computed_tokens + num_new
                 for p in range(seq.num_computed_tokens, end):
@@ -39,7 +44,7 @@ class Shadow:
                 for i in range(end // size):
                     block_hash = checkpoint.prefix_caching.hash_block(block_hash, tokens[i * size : (i + 1) * size])
                     self.prefixes[block_hash] = tokens[: (i + 1) * size]
-            return forward(plan)
+            return forward(inputs)
 
         def recording_copy(pairs):
             for source, copy in pairs:
@@ -48,6 +53,7 @@ class Shadow:
                         self.slots[copy, slot] = self.slots[source, slot]
             return copy_blocks(pairs)
 
+        engine.scheduler.schedule = remembering_schedule
         runner.forward, runner.copy_blocks = recording_forward, recording_copy
 
     def check(self, engine) -> None:

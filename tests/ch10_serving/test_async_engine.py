@@ -136,10 +136,10 @@ def test_a_step_that_keeps_raising_fails_only_its_requests(checkpoint, make_engi
     forward = engine.engine.model_runner.forward
     step_failed = module_of(checkpoint, "async_engine").StepFailedError
 
-    def poisoned_forward(plan):
-        if any(seq.request_id == "poison" for seq in plan.scheduled):
+    def poisoned_forward(inputs):
+        if any(seq.request_id == "poison" for seq in engine.engine.scheduler.running):  # one at a time: this step's
             raise RuntimeError("this request breaks every step")
-        return forward(plan)
+        return forward(inputs)
 
     engine.engine.model_runner.forward = poisoned_forward
 

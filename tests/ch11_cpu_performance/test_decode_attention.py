@@ -41,8 +41,8 @@ def test_cpu_backend_on_a_mixed_step(checkpoint, block_size):
     )
     backend = checkpoint.attention_backend.get_attention_backend("cpu", "cpu")
     assert backend.name == "cpu"
-    backend.begin_forward(metadata, block_size)
-    assert len(backend.fresh_prompts) == 2  # the 17- and 30-token prompts: every token new, nothing cached
+    metadata.plan = backend.plan(metadata, block_size)
+    assert len(metadata.plan.fresh_prompts) == 2  # the 17- and 30-token prompts: every token new, nothing cached
     # the step's new keys and values (already in the pool: storing them again changes nothing)
     new_keys = torch.cat([k[n - q :] for k, n, q in zip(dense_k, seq_lens, query_lens)])
     new_values = torch.cat([v[n - q :] for v, n, q in zip(dense_v, seq_lens, query_lens)])

@@ -8,6 +8,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .block_manager import BlockManager
+from .block_math import blocks_for
 from .engine import InferenceEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
@@ -46,7 +47,7 @@ class LLM:
         eos = config.eos_token_ids or (self.tokenizer.eos_token_id,)
         self.eos_token_ids = {t for t in eos if t is not None}
         self._request_ids = itertools.count()
-        blocks_per_seq = -(-self.max_model_len // block_size)
+        blocks_per_seq = blocks_for(self.max_model_len, block_size)
         self.block_manager = BlockManager(num_kv_blocks or max_batch_size * blocks_per_seq, block_size)
         self.scheduler = OfflineScheduler(self.engine, max_batch_size, self.block_manager)
 

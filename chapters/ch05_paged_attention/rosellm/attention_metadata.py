@@ -12,6 +12,7 @@ class AttentionMetadata:
     positions:       [num_tokens]  position of each new token in its sequence
     slot_mapping:    [num_tokens]  where its key and value go: block_id * block_size + offset (-1: nowhere)
     query_start_loc: [batch + 1]   sequence b's new tokens are rows query_start_loc[b] : query_start_loc[b + 1]
+    query_lens:      [batch]       new tokens of each sequence
     seq_lens:        [batch]       tokens of each sequence once this step's are stored (cached + new)
     block_tables:    [batch, max_blocks]  the blocks of each sequence, in order, -1 for none
     """
@@ -19,6 +20,7 @@ class AttentionMetadata:
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     query_start_loc: torch.Tensor
+    query_lens: torch.Tensor
     seq_lens: torch.Tensor
     block_tables: torch.Tensor
     max_query_len: int
@@ -43,6 +45,7 @@ class AttentionMetadata:
             positions=positions.to(device),
             slot_mapping=slot_mapping.to(device),
             query_start_loc=query_start_loc.to(device),
+            query_lens=new.to(device),
             seq_lens=lens.to(device),
             block_tables=block_tables.to(device),
             max_query_len=max(new_lens),

@@ -8,6 +8,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .block_manager import BlockManager
+from .block_math import blocks_for
 from .engine import InferenceEngine
 from .outputs import RequestOutput
 from .sampling import SamplingParams
@@ -48,7 +49,7 @@ class LLM:
         self.eos_token_ids = {t for t in eos if t is not None}
         self._request_ids = itertools.count()
         if num_kv_blocks is None:
-            blocks_per_seq = -(-self.max_model_len // block_size)
+            blocks_per_seq = blocks_for(self.max_model_len, block_size)
             affordable = kv_cache_memory // (block_size * self.engine.bytes_per_token())
             num_kv_blocks = min(affordable, max_batch_size * blocks_per_seq)
         self.block_manager = BlockManager(num_kv_blocks, block_size)

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention_metadata import AttentionMetadata
+from .block_math import blocks_for
 
 
 def store_kv(
@@ -25,17 +26,37 @@ def store_kv(
     value_cache.view(-1, *value_cache.shape[2:])[slots] = value[keep]
 
 
+def table_prefix(block_tables: torch.Tensor, max_seq_len: int, block_size: int) -> torch.Tensor:
+    """The columns of the block tables [batch, max_blocks] that hold the first `max_seq_len` tokens, with -1
+    read as block 0: [batch, blocks_for(max_seq_len)], int64. What block 0 brings in lies past its
+    sequence's end, and the attention mask must hide it."""
+    return block_tables[:, : blocks_for(max_seq_len, block_size)].clamp(min=0).long()
+
+
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, max_seq_len: int) -> torch.Tensor:
     """Each sequence's keys (or values) read through its block table.
 
     cache: [num_blocks, block_size, kv_heads, head_dim]; block_tables: [batch, max_blocks]
-    -> [batch, num_blocks_read * block_size, kv_heads, head_dim]; slots past a sequence's end are junk
-    (block 0 stands in for -1), and the attention mask must hide them.
+    -> [batch, num_blocks_read * block_size, kv_heads, head_dim]; slots past a sequence's end are junk.
     """
-    block_size = cache.shape[1]
-    needed = -(-max_seq_len // block_size)
-    tables = block_tables[:, :needed].clamp(min=0).long()  # [batch, needed]
-    return cache[tables].flatten(1, 2)
+    return cache[table_prefix(block_tables, max_seq_len, cache.shape[1])].flatten(1, 2)
+
+
+def causal_padding(
+    query_lens: torch.Tensor, seq_lens: torch.Tensor, max_query_len: int, num_keys: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The padded layout of the new tokens, [batch, max_query_len] with sequence b's in row b, and what each
+    may see.
+
+    query_lens, seq_lens: [batch] -> is_query [batch, max_query_len]: which places hold a new token;
+    mask [batch, max_query_len, num_keys]: new token i of sequence b sits at position
+    seq_len - query_len + i and sees keys 0..position (causal, and nothing past the sequence's end).
+    """
+    slot = torch.arange(max_query_len, device=query_lens.device)  # [max_query_len]
+    is_query = slot[None, :] < query_lens[:, None]
+    positions = (seq_lens - query_lens)[:, None] + slot[None, :]  # [batch, max_query_len]
+    key_index = torch.arange(num_keys, device=query_lens.device)
+    return is_query, key_index[None, None, :] <= positions[:, :, None]
 
 
 def paged_attention(
@@ -51,17 +72,9 @@ def paged_attention(
     batch = metadata.seq_lens.shape[0]
     keys = gather_kv(key_cache, metadata.block_tables, metadata.max_seq_len)  # [batch, keys, kv_heads, head_dim]
     values = gather_kv(value_cache, metadata.block_tables, metadata.max_seq_len)
-    # Lay the queries out as [batch, max_query_len]: row b holds sequence b's new tokens.
-    starts = metadata.query_start_loc
-    query_lens = starts[1:] - starts[:-1]  # [batch]
-    slot = torch.arange(metadata.max_query_len, device=query.device)  # [max_query_len]
-    is_query = slot[None, :] < query_lens[:, None]  # [batch, max_query_len]
+    is_query, mask = causal_padding(metadata.query_lens, metadata.seq_lens, metadata.max_query_len, keys.shape[1])
     padded = query.new_zeros(batch, metadata.max_query_len, num_heads, head_dim)
     padded[is_query] = query
-    # New token i of sequence b sits at position seq_len - query_len + i; it sees keys 0..position.
-    positions = (metadata.seq_lens - query_lens)[:, None] + slot[None, :]  # [batch, max_query_len]
-    key_index = torch.arange(keys.shape[1], device=query.device)
-    mask = key_index[None, None, :] <= positions[:, :, None]  # [batch, max_query_len, keys]
     group = num_heads // keys.shape[2]
     out = F.scaled_dot_product_attention(
         padded.transpose(1, 2),  # [batch, heads, max_query_len, head_dim]

@@ -1,4 +1,4 @@
-"""Chapter 06: which functions write and read the paged KV pool, the PyTorch reference or the Triton kernels.
+"""Which functions write and read the paged KV pool: the PyTorch reference or the Triton kernels.
 
 Both have the same two functions with the same contract:
     store_kv(key, value, key_cache, value_cache, slot_mapping)

@@ -7,6 +7,8 @@ in order: token i lives in block table[i // block_size], slot i % block_size.
 
 from collections import deque
 
+from .block_math import blocks_for
+
 
 class NoFreeBlocksError(RuntimeError):
     """The pool has no free block left."""
@@ -68,7 +70,7 @@ class BlockManager:
         return self.allocator.num_total_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)  # ceil
+        return blocks_for(num_tokens, self.block_size)
 
     def can_allocate(self, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) <= self.num_free_blocks

@@ -1,13 +1,13 @@
 """Which functions write and read the paged KV pool: a backend.
 
-Every backend has the same three methods:
-    begin_forward(metadata, block_size)   plan one forward (once, before its first layer)
+Every backend has the same three methods, and holds nothing between calls:
+    plan(metadata, block_size) -> plan    once per forward, before its first layer: metadata.plan = plan
     store_kv(key, value, key_cache, value_cache, slot_mapping)
     paged_attention(query, key_cache, value_cache, metadata) -> output
 
-    "reference"  chapter 05's plain PyTorch: the one every other backend is checked against
-    "torch"      chapter 07's PyTorch by row groups, fast on mixed steps (the default off CUDA)
-    "triton"     chapter 06's kernels (the default on CUDA)
+    "reference"  plain PyTorch (paged_attention.py): the one every other backend is checked against
+    "torch"      PyTorch by row groups (grouped_attention.py), fast on mixed steps (the default off CUDA)
+    "triton"     the Triton kernels (kernels/; the default on CUDA)
 """
 
 import importlib.util
@@ -32,16 +32,16 @@ class StatelessBackend:
     store_kv: Callable
     paged_attention: Callable
 
-    def begin_forward(self, metadata, block_size: int) -> None:
-        pass
+    def plan(self, metadata, block_size: int) -> None:
+        return None
 
 
 REFERENCE_BACKEND = StatelessBackend("reference", paged_attention.store_kv, paged_attention.paged_attention)
 
 
 def get_attention_backend(name: str | None, device: torch.device | str):
-    """name: one of BACKENDS, or None ("triton" on CUDA, "torch" elsewhere). A new backend each call: a
-    backend may keep buffers and a plan, so each model has its own."""
+    """name: one of BACKENDS, or None ("triton" on CUDA, "torch" elsewhere). A new backend each call, so
+    each model has its own."""
     device = torch.device(device)
     if name is None:
         name = "triton" if device.type == "cuda" else "torch"

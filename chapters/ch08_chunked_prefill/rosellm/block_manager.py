@@ -8,6 +8,7 @@ grows and frees it. Token i lives in block `block_table[i // block_size]`, slot 
 from collections import deque
 from dataclasses import dataclass
 
+from .block_math import blocks_for
 from .sequence import Sequence
 
 
@@ -78,7 +79,7 @@ class BlockManager:
         return self.allocator.num_total_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)  # ceil
+        return blocks_for(num_tokens, self.block_size)
 
     def num_missing_blocks(self, seq: Sequence, num_tokens: int) -> int:
         """New blocks `seq` needs for its table to hold `num_tokens` slots."""

@@ -13,6 +13,7 @@ import torch
 from torch.profiler import record_function
 
 from .block_manager import BlockManager
+from .block_math import blocks_for
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner
@@ -61,7 +62,7 @@ class LLMEngine:
         self.eos_token_ids = {t for t in eos if t is not None}
         num_kv_blocks = config.num_kv_blocks
         if num_kv_blocks is None:
-            blocks_per_seq = -(-self.max_model_len // config.block_size)
+            blocks_per_seq = blocks_for(self.max_model_len, config.block_size)
             affordable = config.kv_cache_memory // (config.block_size * self.model_runner.bytes_per_token())
             num_kv_blocks = max(1, min(affordable, config.max_num_seqs * blocks_per_seq))
         self.block_manager = BlockManager(num_kv_blocks, config.block_size)

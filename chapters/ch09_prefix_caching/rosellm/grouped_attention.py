@@ -7,9 +7,10 @@ into groups that pad well together and runs one padded SDPA per group:
 - decode rows apart from prefill rows;
 - within each kind, rows of similar length (keys are read up to the group's longest sequence).
 
-The grouping depends only on the step's metadata, so `begin_forward` plans it once per forward and every
-layer reuses the plan. The gathered keys and values go into buffers the backend keeps from step to step:
-a fresh tensor of tens of MB per layer costs the CPU more in page faults than the copy into it.
+The grouping depends only on the step's metadata, so `plan` makes it once per forward; the plan travels
+with the metadata and every layer reuses it. The gathered keys and values go into buffers the plan keeps
+for all the layers of its forward: a fresh tensor of tens of MB per layer costs the CPU more in page faults
+than the copy into it.
 It must give what the reference gives (tests check it on random batches).
 """
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention_metadata import AttentionMetadata
-from .paged_attention import store_kv
+from .paged_attention import causal_padding, store_kv, table_prefix
 
 
 def padding_groups(query_lens: list[int], seq_lens: list[int], min_fill: float = 0.7) -> list[list[int]]:
@@ -48,41 +49,47 @@ class GroupPlan:
     """One padded SDPA over the sequences `rows`: its index tensors and mask, built once per forward."""
 
     def __init__(self, rows: list[int], metadata: AttentionMetadata, block_size: int):
-        device = metadata.seq_lens.device
-        index = torch.tensor(rows, device=device)
+        index = torch.tensor(rows, device=metadata.seq_lens.device)
         starts = metadata.query_start_loc[index]
-        query_lens = metadata.query_start_loc[index + 1] - starts
+        query_lens = metadata.query_lens[index]
         seq_lens = metadata.seq_lens[index].long()
         self.size = len(rows)
         self.max_query_len = int(query_lens.max())
-        needed = -(-int(seq_lens.max()) // block_size)
-        self.block_ids = metadata.block_tables[index, :needed].clamp(min=0).long().flatten()  # [size * needed]
+        tables = table_prefix(metadata.block_tables[index], int(seq_lens.max()), block_size)  # [size, blocks]
+        self.block_ids = tables.flatten()  # [size * blocks]
+        self.is_query, mask = causal_padding(query_lens, seq_lens, self.max_query_len, tables.shape[1] * block_size)
+        self.mask = mask[:, None]  # [size, 1, max_query_len, keys]
         # Token j of row i in the padded layout [size, max_query_len] is query row starts[i] + j.
-        slot = torch.arange(self.max_query_len, device=device)
-        self.is_query = slot[None, :] < query_lens[:, None]  # [size, max_query_len]
+        slot = torch.arange(self.max_query_len, device=index.device)
         self.tokens = (starts[:, None] + slot[None, :])[self.is_query]
-        # New token j of a row sits at position seq_len - query_len + j; it sees keys 0..position.
-        positions = (seq_lens - query_lens)[:, None] + slot[None, :]  # [size, max_query_len]
-        key_index = torch.arange(needed * block_size, device=device)
-        self.mask = (key_index[None, None, :] <= positions[:, :, None])[:, None]  # [size, 1, max_query_len, keys]
+
+
+class GroupedAttentionPlan:
+    """What `GroupedAttentionBackend.plan` makes for one forward: its groups, and the buffers that every
+    layer's gather reuses."""
+
+    def __init__(self, groups: list[GroupPlan]):
+        self.groups = groups
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def buffer(self, name: str, like: torch.Tensor, numel: int) -> torch.Tensor:
+        """A flat buffer of at least `numel` elements of `like`'s dtype and device, made once per forward."""
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self.buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buffer[:numel]
 
 
 class GroupedAttentionBackend:
-    """The "torch" attention backend: `store_kv` of the reference, `paged_attention` by row groups."""
+    """The "torch" attention backend: `store_kv` of the reference, `paged_attention` by row groups.
+    It holds nothing between calls: its plan travels with the metadata (`metadata.plan`)."""
 
     name = "torch"
 
-    def __init__(self):
-        self.buffers: dict[tuple, torch.Tensor] = {}
-        self.metadata: AttentionMetadata | None = None  # the forward the plan below was made for
-        self.plan: list[GroupPlan] = []
-
-    def begin_forward(self, metadata: AttentionMetadata, block_size: int) -> None:
-        """Plan the groups of one forward; every layer's `paged_attention` then reuses them."""
-        query_lens = (metadata.query_start_loc[1:] - metadata.query_start_loc[:-1]).tolist()
-        groups = padding_groups(query_lens, metadata.seq_lens.tolist())
-        self.plan = [GroupPlan(rows, metadata, block_size) for rows in groups]
-        self.metadata = metadata
+    def plan(self, metadata: AttentionMetadata, block_size: int) -> GroupedAttentionPlan:
+        """The groups of one forward, for every layer's `paged_attention` (set it as `metadata.plan`)."""
+        groups = padding_groups(metadata.query_lens.tolist(), metadata.seq_lens.tolist())
+        return GroupedAttentionPlan([GroupPlan(rows, metadata, block_size) for rows in groups])
 
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         store_kv(key, value, key_cache, value_cache, slot_mapping)
@@ -91,50 +98,48 @@ class GroupedAttentionBackend:
         self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], as the reference."""
-        if metadata is not self.metadata:
-            raise RuntimeError("begin_forward(metadata) must plan this forward before its attention runs")
+        if not isinstance(metadata.plan, GroupedAttentionPlan):
+            raise RuntimeError("this forward has no plan: set metadata.plan = backend.plan(metadata, block_size)")
         out = torch.empty_like(query)
-        for group in self.plan:
-            self._attend(group, query, key_cache, value_cache, out)
+        for group in metadata.plan.groups:
+            attend_group(group, metadata.plan, query, key_cache, value_cache, out)
         return out
 
-    def _attend(
-        self,
-        group: GroupPlan,
-        query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        out: torch.Tensor,
-    ) -> None:
-        keys = self._gather(key_cache, group, "keys")  # [size, keys, kv_heads, head_dim]
-        values = self._gather(value_cache, group, "values")
-        if group.max_query_len == 1:
-            padded = query[group.tokens][:, None]  # decode: [size, 1, heads, head_dim], nothing to pad
-        else:
-            padded = query.new_zeros(group.size, group.max_query_len, *query.shape[1:])
-            padded[group.is_query] = query[group.tokens]
-        result = F.scaled_dot_product_attention(
-            padded.transpose(1, 2),  # [size, heads, max_query_len, head_dim]
-            keys.transpose(1, 2),  # [size, kv_heads, keys, head_dim]; head h reads KV head h // group
-            values.transpose(1, 2),
-            attn_mask=group.mask,
-            enable_gqa=True,
-        )
-        if group.max_query_len == 1:
-            out[group.tokens] = result[:, :, 0]  # [size, heads, head_dim]
-        else:
-            out[group.tokens] = result.transpose(1, 2)[group.is_query]
 
-    def _gather(self, cache: torch.Tensor, group: GroupPlan, name: str) -> torch.Tensor:
-        """The group's blocks copied out of the pool (one memcpy per block with index_select, several times
-        faster than `cache[block_ids]`) into a reused buffer. Slots past a sequence's end are junk (block 0
-        stands in for -1): the mask hides them."""
-        numel = group.block_ids.numel() * cache[0].numel()
-        # a buffer made under torch.inference_mode() cannot be written outside it: one set for each mode
-        key = (name, cache.dtype, cache.device, torch.is_inference_mode_enabled())
-        buffer = self.buffers.get(key)
-        if buffer is None or buffer.numel() < numel:
-            buffer = self.buffers[key] = torch.empty(numel, dtype=cache.dtype, device=cache.device)
-        target = buffer[:numel].view(group.block_ids.numel(), *cache.shape[1:])
-        torch.index_select(cache, 0, group.block_ids, out=target)
-        return target.view(group.size, -1, *cache.shape[2:])
+def attend_group(
+    group: GroupPlan,
+    plan: GroupedAttentionPlan,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """One padded SDPA: the group's rows of `out` [num_tokens, heads, head_dim] from their queries and pool."""
+    keys = gather(key_cache, group, plan, "keys")  # [size, keys, kv_heads, head_dim]
+    values = gather(value_cache, group, plan, "values")
+    if group.max_query_len == 1:
+        padded = query[group.tokens][:, None]  # decode: [size, 1, heads, head_dim], nothing to pad
+    else:
+        padded = query.new_zeros(group.size, group.max_query_len, *query.shape[1:])
+        padded[group.is_query] = query[group.tokens]
+    result = F.scaled_dot_product_attention(
+        padded.transpose(1, 2),  # [size, heads, max_query_len, head_dim]
+        keys.transpose(1, 2),  # [size, kv_heads, keys, head_dim]; head h reads KV head h // group
+        values.transpose(1, 2),
+        attn_mask=group.mask,
+        enable_gqa=True,
+    )
+    if group.max_query_len == 1:
+        out[group.tokens] = result[:, :, 0]  # [size, heads, head_dim]
+    else:
+        out[group.tokens] = result.transpose(1, 2)[group.is_query]
+
+
+def gather(cache: torch.Tensor, group: GroupPlan, plan: GroupedAttentionPlan, name: str) -> torch.Tensor:
+    """The group's blocks copied out of the pool into the plan's buffer `name` (one memcpy per block with
+    index_select, several times faster than the reference's `cache[tables]`): [size, keys, kv_heads,
+    head_dim]. Slots past a sequence's end are junk (block 0 stands in for -1): the mask hides them."""
+    numel = group.block_ids.numel() * cache[0].numel()
+    target = plan.buffer(name, cache, numel).view(group.block_ids.numel(), *cache.shape[1:])
+    torch.index_select(cache, 0, group.block_ids, out=target)
+    return target.view(group.size, -1, *cache.shape[2:])

@@ -9,6 +9,7 @@ import torch
 
 from .attention_backend import get_attention_backend
 from .attention_metadata import AttentionMetadata
+from .block_math import blocks_for
 from .kv_pool import KVPool
 from .loader import load_model
 from .scheduler import SchedulerOutput
@@ -32,7 +33,7 @@ class ModelRunner:
 
     def allocate_kv_pool(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         self.kv_pool = KVPool(self.config, num_blocks, block_size, self.dtype, self.device)
-        self.max_blocks_per_seq = -(-max_model_len // block_size)  # the width of a block table
+        self.max_blocks_per_seq = blocks_for(max_model_len, block_size)  # the width of a block table
 
     @torch.inference_mode()
     def forward(self, plan: SchedulerOutput) -> torch.Tensor:
@@ -49,7 +50,7 @@ class ModelRunner:
             plan.num_new_tokens, seq_lens, block_tables, self.kv_pool.block_size, self.device
         )
         input_ids = torch.tensor([t for tokens in new_tokens for t in tokens], device=self.device)  # [num_tokens]
-        self.attention_backend.begin_forward(metadata, self.kv_pool.block_size)
+        metadata.plan = self.attention_backend.plan(metadata, self.kv_pool.block_size)
         return self.model(input_ids, metadata, self.kv_pool)
 
     @torch.inference_mode()

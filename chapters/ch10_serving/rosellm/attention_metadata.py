@@ -1,6 +1,7 @@
 """What one forward needs to know about the batch, as tensors: the only view of it the model gets."""
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -12,17 +13,21 @@ class AttentionMetadata:
     positions:       [num_tokens]  position of each new token in its sequence
     slot_mapping:    [num_tokens]  where its key and value go: block_id * block_size + offset (-1: nowhere)
     query_start_loc: [batch + 1]   sequence b's new tokens are rows query_start_loc[b] : query_start_loc[b + 1]
+    query_lens:      [batch]       new tokens of each sequence
     seq_lens:        [batch]       tokens of each sequence once this step's are stored (cached + new)
     block_tables:    [batch, max_blocks]  the blocks of each sequence, in order, -1 for none
+    plan:            what the attention backend planned for this forward (`backend.plan`), read by every layer
     """
 
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     query_start_loc: torch.Tensor
+    query_lens: torch.Tensor
     seq_lens: torch.Tensor
     block_tables: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    plan: Any = None
 
     @classmethod
     def build(
@@ -43,6 +48,7 @@ class AttentionMetadata:
             positions=positions.to(device),
             slot_mapping=slot_mapping.to(device),
             query_start_loc=query_start_loc.to(device),
+            query_lens=new.to(device),
             seq_lens=lens.to(device),
             block_tables=block_tables.to(device),
             max_query_len=max(new_lens),

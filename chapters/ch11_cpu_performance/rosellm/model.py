@@ -196,6 +196,10 @@ class LlamaForCausalLM(nn.Module):
         through `metadata.block_tables`."""
         return self.model(input_ids, metadata, kv_pool)
 
+    def compile_layers(self) -> None:
+        """Hand each decoder layer's two pieces around its attention to torch.compile."""
+        self.model.compile_layers()
+
     def set_attention_backend(self, backend) -> None:
         for layer in self.model.layers:
             layer.self_attn.backend = backend

@@ -10,6 +10,7 @@ import torch
 from . import packed_linear
 from .attention_backend import get_attention_backend
 from .attention_metadata import AttentionMetadata
+from .block_math import blocks_for
 from .kv_pool import KVPool
 from .loader import load_model
 from .scheduler import SchedulerOutput
@@ -31,7 +32,7 @@ class ModelRunner:
         self.model.set_attention_backend(self.attention_backend)
         packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
         if not enforce_eager:
-            self.model.model.compile_layers()
+            self.model.compile_layers()
         self.config = self.model.config
         self.dtype = self.model.lm_head.weight.dtype
         self.kv_pool: KVPool | None = None
@@ -42,7 +43,7 @@ class ModelRunner:
 
     def allocate_kv_pool(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
         self.kv_pool = KVPool(self.config, num_blocks, block_size, self.dtype, self.device)
-        self.max_blocks_per_seq = -(-max_model_len // block_size)  # the width of a block table
+        self.max_blocks_per_seq = blocks_for(max_model_len, block_size)  # the width of a block table
         if not self.enforce_eager:
             self.warm_up()
 
@@ -63,7 +64,7 @@ class ModelRunner:
             seq_len = (blocks - 1) * block_size + 1
             metadata = AttentionMetadata.build([1] * batch, [seq_len] * batch, tables, block_size, self.device)
             metadata.slot_mapping.fill_(-1)
-            self.attention_backend.begin_forward(metadata, block_size)
+            metadata.plan = self.attention_backend.plan(metadata, block_size)
             hidden = self.model(torch.zeros(batch, dtype=torch.long, device=self.device), metadata, self.kv_pool)
             self.model.compute_logits(hidden)
 
@@ -82,7 +83,7 @@ class ModelRunner:
             plan.num_new_tokens, seq_lens, block_tables, self.kv_pool.block_size, self.device
         )
         input_ids = torch.tensor([t for tokens in new_tokens for t in tokens], device=self.device)  # [num_tokens]
-        self.attention_backend.begin_forward(metadata, self.kv_pool.block_size)
+        metadata.plan = self.attention_backend.plan(metadata, self.kv_pool.block_size)
         return self.model(input_ids, metadata, self.kv_pool)
 
     @torch.inference_mode()

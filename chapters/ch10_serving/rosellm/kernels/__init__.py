@@ -1,4 +1,4 @@
-"""Chapter 06: Triton kernels for the paged KV pool, each replacing a PyTorch reference of chapter 05.
+"""Triton kernels for the paged KV pool, each equal to a PyTorch reference of `paged_attention.py`.
 
     store_kv.py           store_kv          <- paged_attention.store_kv
     decode_attention.py   split-K decode    <- paged_attention.paged_attention (one new token per sequence)
