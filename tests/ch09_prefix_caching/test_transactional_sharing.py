@@ -100,7 +100,8 @@ def run(checkpoint, engine, fail_at: int | None = None, patch=None):
         before = snapshot(engine)
         try:
             outputs = engine.step()
-        except Injected:
+        except checkpoint.llm_engine.StepError as error:
+            assert isinstance(error.__cause__, Injected)
             assert_same(before, snapshot(engine))
             outputs = engine.step()  # the same step again
         tokens.update({o.request_id: [c.token_ids for c in o.outputs] for o in outputs if o.finished})
