@@ -60,7 +60,9 @@ def snapshot(checkpoint, engine) -> dict:
 
 def generators(checkpoint, state) -> list:
     """A request's random streams: one per sample from chapter 09 on."""
-    return state.generators if "parallel_sampling" in checkpoint.__capabilities__ else [state.generator]
+    if "parallel_sampling" in checkpoint.__capabilities__:
+        return [sample.generator for sample in state.samples]
+    return [state.generator]
 
 
 def cached_blocks(checkpoint, engine) -> dict:

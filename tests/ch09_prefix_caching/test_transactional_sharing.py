@@ -58,7 +58,8 @@ def snapshot(engine) -> dict:
         },
         "remembered": {b: kv([(b, slot) for slot in range(size)]) for b in allocator.block_hashes},
         "generators": {
-            request_id: [g.get_state() for g in state.generators] for request_id, state in engine.requests.items()
+            request_id: [s.generator.get_state() for s in state.samples]
+            for request_id, state in engine.requests.items()
         },
     }
 

@@ -49,14 +49,13 @@ class InputProcessor:
             raise ValueError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
         # A copy, validated again: changing the caller's object later must not change this request.
         params = dataclasses.replace(sampling_params) if sampling_params else SamplingParams()
-        name = f"request {request_id!r}"
-        text, token_ids = self.tokenize(prompt, name)
-        check_token_ids(params.stop_token_ids, self.vocab_size, f"{name}: stop_token_ids")
+        text, token_ids = self.tokenize(prompt)
+        check_token_ids(params.stop_token_ids, self.vocab_size, "stop_token_ids")
         seq = Sequence(request_id, token_ids, params, self.eos_token_ids, self.max_model_len)
         self.check_fits(seq)
         return text, seq
 
-    def tokenize(self, prompt, name: str) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt) -> tuple[str | None, list[int]]:
         """(the prompt's text or None, its checked token ids) from any of the accepted prompt shapes."""
         if isinstance(prompt, dict):
             if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
@@ -71,7 +70,7 @@ class InputProcessor:
         if isinstance(prompt, str):
             return prompt, (self.tokenizer.encode(prompt) if prompt else [])
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) for t in prompt):
-            return None, check_token_ids(prompt, self.vocab_size, f"{name}: the prompt")
+            return None, check_token_ids(prompt, self.vocab_size)
         raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def check_fits(self, seq: Sequence) -> None:
