@@ -228,16 +228,13 @@ class AsyncLLMEngine:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except StepError:
+        except Exception:
             logger.exception("a step failed (the engine rolled it back); running it once more")
             try:
                 outputs = self.engine.step()
-            except StepError as error:
+            except Exception as error:
                 logger.exception("the step failed again; ending the requests it scheduled")
-                failure = StepFailedError(f"a step running this request failed twice: {error.__cause__!r}")
-                failure.__cause__ = error.__cause__
-                for request_id in set(error.request_ids):
-                    self._end(request_id, failure)
+                self._fail(error)
                 return
         now = time.perf_counter()
         for output in outputs:
@@ -251,6 +248,17 @@ class AsyncLLMEngine:
                 del self._streams[output.request_id]
             if not deliver(stream.loop, stream.put, output):  # its event loop is gone: nobody listens
                 self._end(output.request_id)
+
+    def _fail(self, error: Exception) -> None:
+        """End the requests of a step that failed twice with `StepFailedError`: those the engine names, or
+        every request if the step failed before it scheduled any (no request can run)."""
+        cause, request_ids = error, set(self._streams)
+        if isinstance(error, StepError):
+            cause, request_ids = error.__cause__, set(error.request_ids)
+        failure = StepFailedError(f"a step running this request failed twice: {cause!r}")
+        failure.__cause__ = cause
+        for request_id in request_ids:
+            self._end(request_id, failure)
 
     def _end(self, request_id: str, error: BaseException | None = None) -> None:
         """Abort a request in the engine (its blocks are freed at once) and end its stream, with `error`."""

@@ -59,21 +59,22 @@ class LLMEngine:
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
         self.config = config = EngineConfig(**engine_options)
+        self.tokenizer = load_tokenizer(resolve_model_folder(model))
         runner_args = (model, device, dtype, config.attention_backend, config.enforce_eager)
         if config.tensor_parallel_size > 1:  # this process becomes rank 0 of tensor_parallel_size
             self.model_runner = TensorParallelRunner(*runner_args, config.tensor_parallel_size)
         else:
             self.model_runner = ModelRunner(*runner_args)
         try:
-            self._build(config, load_tokenizer(resolve_model_folder(model)))
+            self._build(config)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, config: EngineConfig, tokenizer) -> None:
+    def _build(self, config: EngineConfig) -> None:
         """Everything beside the model: limits, the block manager, the KV pool, the scheduler, the input
         processor."""
-        self.model, self.tokenizer = self.model_runner.model, tokenizer
+        self.model = self.model_runner.model
         context = self.model.config.max_position_embeddings
         self.max_model_len = config.max_model_len or context
         if not 1 < self.max_model_len <= context:

@@ -53,8 +53,9 @@ class LLMEngine:
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
         self.config = config = EngineConfig(**engine_options)
+        self.tokenizer = load_tokenizer(resolve_model_folder(model))
         self.model_runner = ModelRunner(model, device, dtype, config.attention_backend)
-        self.model, self.tokenizer = self.model_runner.model, load_tokenizer(resolve_model_folder(model))
+        self.model = self.model_runner.model
         context = self.model.config.max_position_embeddings
         self.max_model_len = config.max_model_len or context
         if not 1 < self.max_model_len <= context:
