@@ -2,7 +2,7 @@
 
 The only place where the three parts meet: schedule (bookkeeping) -> run the model (the model runner)
 -> sample -> commit to the bookkeeping. Requests come in through the input processor (tokenize, check,
-build the sequence) and leave through their `RequestState` (text, stop strings, outputs). A step is a
+build the sequence) and leave through their `RequestState` (text, outputs). A step is a
 transaction: if the forward or the sampler raises, the plan is rolled back and the engine is exactly as it
 was before the step. A request for n samples is one sequence until its prompt is computed; at its first token
 it forks into n.
@@ -15,17 +15,15 @@ import torch
 from torch.profiler import record_function
 
 from .block_manager import BlockManager
-from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .input_processor import InputProcessor
 from .loader import load_tokenizer, resolve_model_folder
 from .model_runner import ModelRunner
-from .output_processor import RequestState, Sample
+from .output_processor import RequestState
 from .outputs import RequestOutput
 from .parallel_runner import TensorParallelRunner
 from .sampling import SamplingParams, make_generators, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
-from .stop_strings import StopStringMatcher
 
 
 class StepError(RuntimeError):
@@ -114,18 +112,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, seq = self.input_processor.process(request_id, prompt, sampling_params)
-        params = seq.params
-        generators = make_generators(params, self.model_runner.device)
-        samples = [
-            Sample(
-                seq if index == 0 else None,
-                IncrementalDetokenizer(self.tokenizer),
-                generator,
-                StopStringMatcher(params.stop),
-            )
-            for index, generator in enumerate(generators)
-        ]
-        self.requests[request_id] = RequestState(text, samples)
+        generators = make_generators(seq.params, self.model_runner.device)
+        self.requests[request_id] = RequestState.start(text, seq, self.tokenizer, generators)
         self.scheduler.add(seq)
         return request_id
 

@@ -15,12 +15,11 @@ import torch
 from torch.profiler import record_function
 
 from .block_manager import BlockManager
-from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
 from .input_processor import InputProcessor
 from .loader import load_tokenizer, resolve_model_folder
 from .model_runner import ModelRunner
-from .output_processor import RequestState, Sample
+from .output_processor import RequestState
 from .outputs import RequestOutput
 from .sampling import SamplingParams, make_generators, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
@@ -99,13 +98,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, seq = self.input_processor.process(request_id, prompt, sampling_params)
-        params = seq.params
-        generators = make_generators(params, self.model_runner.device)
-        samples = [
-            Sample(seq if index == 0 else None, IncrementalDetokenizer(self.tokenizer), generator)
-            for index, generator in enumerate(generators)
-        ]
-        self.requests[request_id] = RequestState(text, samples)
+        generators = make_generators(seq.params, self.model_runner.device)
+        self.requests[request_id] = RequestState.start(text, seq, self.tokenizer, generators)
         self.scheduler.add(seq)
         return request_id
 

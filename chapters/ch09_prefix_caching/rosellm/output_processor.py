@@ -28,6 +28,16 @@ class RequestState:
     prompt: str | None
     samples: list[Sample]
 
+    @classmethod
+    def start(cls, prompt: str | None, seq: Sequence, tokenizer, generators: list) -> "RequestState":
+        """A new request's record: its one sequence, and per sample (`generators` has one each) a detokenizer
+        and a random stream."""
+        samples = [
+            Sample(seq if index == 0 else None, IncrementalDetokenizer(tokenizer), generator)
+            for index, generator in enumerate(generators)
+        ]
+        return cls(prompt, samples)
+
     @property
     def seqs(self) -> list[Sequence]:
         """The sequences that run: the first alone until the prompt is computed, then one per sample."""
