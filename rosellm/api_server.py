@@ -56,14 +56,13 @@ class OpenAIServer:
 
     def models(self) -> dict:
         card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "rosellm"}
-        card["max_model_len"] = self.engine.engine.max_model_len  # as vLLM adds it
+        card["max_model_len"] = self.engine.max_model_len  # as vLLM adds it
         return {"object": "list", "data": [card]}
 
     async def generate(self, request: Request, chat: bool) -> Response:
         """/v1/completions (chat False) and /v1/chat/completions (chat True)."""
         body = parse_json(await request.body())
-        tokenizer = self.engine.engine.tokenizer
-        wanted = parse_chat_request(body, tokenizer) if chat else parse_completion_request(body)
+        wanted = parse_chat_request(body, self.engine.tokenizer) if chat else parse_completion_request(body)
         if wanted.model not in (None, self.model_name):
             raise APIError(
                 f"the model {wanted.model!r} does not exist; this server serves {self.model_name!r}",

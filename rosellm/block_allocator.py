@@ -57,6 +57,9 @@ class BlockAllocator:
             raise ValueError(f"block {block_id} is free: nothing to share")
         self.ref_counts[block_id] += 1
 
+    def is_used(self, block_id: int) -> bool:
+        return self.ref_counts[block_id] > 0
+
     def is_shared(self, block_id: int) -> bool:
         return self.ref_counts[block_id] > 1
 

@@ -8,8 +8,8 @@ which wins), `temperature`, `top_p`, `n`, `stop` (a string or a list), `seed`, `
 change the answer but are not implemented (logprobs, penalties, ...) are refused with 400 rather than silently
 ignored; unknown fields are ignored.
 
-Values are checked by `SamplingParams` and the engine: a bad one gets their ValueError's message, which names
-the limit, and OpenAI's `param` is the field that message starts with.
+Values are checked by `SamplingParams` and the engine (token ids by its `check_token_ids`): a bad one gets
+their ValueError's message, which names the limit, and OpenAI's `param` is the field that message starts with.
 """
 
 import json
@@ -78,7 +78,7 @@ def parse_completion_request(body: dict) -> GenerationRequest:
         if len(prompt) != 1:  # OpenAI's batch of prompts
             raise APIError(f"one prompt per request is supported, got {len(prompt)}", param="prompt")
         prompt = prompt[0]
-    if not (isinstance(prompt, str) or is_token_ids(prompt)):
+    if not (isinstance(prompt, str) or isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
         raise APIError("prompt must be a string or a list of token ids", param="prompt")
     return GenerationRequest(body.get("model"), prompt, sampling_params(body, "max_tokens", 16), *stream_options(body))
 
@@ -149,10 +149,6 @@ def stream_options(body: dict) -> tuple[bool, bool]:
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise APIError('stream_options must be {"include_usage": true or false}', param="stream_options")
     return stream, stream and options.get("include_usage", False)
-
-
-def is_token_ids(value) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
 # --- responses --------------------------------------------------------------------------------------------

@@ -77,9 +77,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         else:
             super().share(block_id)
 
-    def is_cached(self, block_id: int) -> bool:
-        return block_id in self.block_hashes
-
     def remember(self, block_id: int, block_hash: bytes, depth: int) -> None:
         """Make a computed full block findable by its hash. The first block remembered for a hash keeps
         it: a second block with the same contents (computed while the first was not yet cached) stays

@@ -160,7 +160,7 @@ class Scheduler:
         self.running = list(undo.running)
         for seq, state in undo.sequences.items():
             seq.restore(state)
-        self.block_manager.allocator.restore(undo.allocator)
+        self.block_manager.restore(undo.allocator)
 
     def overwritten_blocks(self, plan: SchedulerOutput) -> list[int]:
         """Blocks the step writes (new tokens, copies) that, before the step, held keys and values someone
@@ -198,7 +198,7 @@ class Scheduler:
         return SchedulerState(
             list(self.waiting),
             list(self.running),
-            self.block_manager.allocator.save(),
+            self.block_manager.save(),
             {seq: seq.save() for seq in self.running},
         )
 

@@ -133,7 +133,7 @@ def draw_pool(ax, manager, seqs):
         ax.text(x + width / 2, pool_y + 0.55, str(block), ha="center", va="center", fontsize=12)
         under = f"ref {refs}" if refs else ("evictor" if kind == "evictor" else "free")
         ax.text(x + width / 2, pool_y - 0.35, under, ha="center", va="center", fontsize=8.5, color="dimgray")
-        if allocator.is_cached(block):
+        if block in allocator.block_hashes:
             _, depth = allocator.block_hashes[block]
             ax.text(x + width / 2, pool_y + 1.35, f"hashed, depth {depth}", ha="center", fontsize=7.5, color="black")
     ax.text(

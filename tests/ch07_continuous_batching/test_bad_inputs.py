@@ -34,7 +34,7 @@ BAD_PARAMS = [
 BAD_PROMPTS = [
     ([], "empty"),
     ({"prompt": ""}, "empty"),
-    ([True, 5], "a prompt must be"),
+    ([True, 5], "outside the vocabulary"),
     ([[5, 6]], "a prompt must be"),
     ({"text": "hi"}, "a dict prompt must be"),
     ({"prompt_token_ids": [5, 6], "prompt": "hi"}, "a dict prompt must be"),

@@ -14,14 +14,19 @@ def make_seq(checkpoint, request_id: str, num_tokens: int = 1):
 def test_grow_and_free_by_hand(checkpoint):
     manager = checkpoint.block_manager.BlockManager(num_blocks=6, block_size=4)
     a, b = make_seq(checkpoint, "a"), make_seq(checkpoint, "b")
-    assert manager.grow(a, 5) == [0, 1]  # 5 slots: 2 blocks
-    assert manager.grow(b, 3) == [2]
-    assert manager.grow(a, 8) == []  # the second block still has room
-    assert manager.grow(a, 9) == [3]
+    manager.grow(a, 5)
+    assert a.block_table == [0, 1]  # 5 slots: 2 blocks
+    manager.grow(b, 3)
+    assert b.block_table == [2]
+    manager.grow(a, 8)
+    assert a.block_table == [0, 1]  # the second block still has room
+    manager.grow(a, 9)
+    assert a.block_table == [0, 1, 3]
     assert (a.block_table, b.block_table, manager.num_free_blocks) == ([0, 1, 3], [2], 2)
     manager.free(b)
     assert b.block_table == [] and list(manager.allocator.free_ids) == [4, 5, 2]  # freed blocks go last
-    assert manager.grow(b, 12) == [4, 5, 2]
+    manager.grow(b, 12)
+    assert b.block_table == [4, 5, 2]
     assert manager.num_free_blocks == 0
 
 

@@ -60,7 +60,9 @@ def snapshot(checkpoint, engine) -> dict:
 
 def generators(checkpoint, state) -> list:
     """A request's random streams: one per sample from chapter 09 on."""
-    return state.generators if "parallel_sampling" in checkpoint.__capabilities__ else [state.generator]
+    if "parallel_sampling" in checkpoint.__capabilities__:
+        return [sample.generator for sample in state.samples]
+    return [state.generator]
 
 
 def cached_blocks(checkpoint, engine) -> dict:
@@ -121,7 +123,9 @@ def run(checkpoint, engine, seeded: bool, fail_at: int | None = None, patch=None
         before = snapshot(checkpoint, engine)
         try:
             outputs = engine.step()
-        except Injected:
+        except checkpoint.llm_engine.StepError as error:
+            assert isinstance(error.__cause__, Injected)
+            assert error.request_ids == [seq.request_id for seq in plans[-1].scheduled]
             assert_same(before, snapshot(checkpoint, engine))
             outputs = engine.step()  # the same step again
         plan = plans[-1]
@@ -196,8 +200,9 @@ def test_a_failed_preempting_step_gives_the_victim_back_its_keys_and_values(chec
         engine.step()
     fail_in_forward(engine, lambda: True)
     before = snapshot(checkpoint, engine)
-    with pytest.raises(Injected):
+    with pytest.raises(checkpoint.llm_engine.StepError) as failure:
         engine.step()
+    assert isinstance(failure.value.__cause__, Injected) and failure.value.request_ids == ["old", "new"]
     assert_same(before, snapshot(checkpoint, engine))
     del engine.model_runner.model.forward  # the model works again
     assert engine.abort_request("old")  # now nobody needs "new"'s blocks: it decodes from its restored cache

@@ -58,7 +58,8 @@ def snapshot(engine) -> dict:
         },
         "remembered": {b: kv([(b, slot) for slot in range(size)]) for b in allocator.block_hashes},
         "generators": {
-            request_id: [g.get_state() for g in state.generators] for request_id, state in engine.requests.items()
+            request_id: [s.generator.get_state() for s in state.samples]
+            for request_id, state in engine.requests.items()
         },
     }
 
@@ -100,7 +101,8 @@ def run(checkpoint, engine, fail_at: int | None = None, patch=None):
         before = snapshot(engine)
         try:
             outputs = engine.step()
-        except Injected:
+        except checkpoint.llm_engine.StepError as error:
+            assert isinstance(error.__cause__, Injected)
             assert_same(before, snapshot(engine))
             outputs = engine.step()  # the same step again
         tokens.update({o.request_id: [c.token_ids for c in o.outputs] for o in outputs if o.finished})

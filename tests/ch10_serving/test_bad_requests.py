@@ -84,3 +84,19 @@ def test_health_and_metrics(server):
     metrics = server.wait_idle()
     assert metrics["rosellm:kv_blocks_free"] == server.engine.block_manager.num_total_blocks
     assert metrics['rosellm:inter_token_latency_seconds_bucket{le="+Inf"}'] > 0
+
+
+@pytest.mark.parametrize(
+    "bad", [[5, True], [False, 6], [5, -1], [5, 10**6]], ids=["True", "False", "negative", "large"]
+)
+def test_bad_token_ids_are_a_400_with_the_engine_s_message(server, offline, bad):
+    """The server refuses the token ids `LLM` refuses, with the same words, and queues nothing."""
+    with pytest.raises(ValueError) as refused:
+        offline.generate([bad], use_tqdm=False)
+    reply = post(server, "/v1/completions", GOOD | {"prompt": bad})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"] == str(refused.value)
+    assert "outside the vocabulary" in error["message"]
+    assert server.wait_idle()["rosellm:num_requests_waiting"] == 0
+    assert post(server, "/v1/completions", GOOD).status_code == 200

@@ -88,17 +88,22 @@ class BlockManager:
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         return self.num_missing_blocks(seq, num_tokens) <= self.num_free_blocks
 
-    def grow(self, seq: Sequence, num_tokens: int) -> list[int]:
-        """Extend `seq.block_table` to hold `num_tokens` slots; returns the new blocks (all or nothing)."""
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Extend `seq.block_table` to hold `num_tokens` slots with new blocks (all or nothing)."""
         missing = self.num_missing_blocks(seq, num_tokens)
         if missing > self.num_free_blocks:
             raise NoFreeBlocksError(f"{seq.request_id!r} needs {missing} blocks, {self.num_free_blocks} are free")
-        new_blocks = [self.allocator.allocate() for _ in range(missing)]
-        seq.block_table.extend(new_blocks)
-        return new_blocks
+        seq.block_table.extend(self.allocator.allocate() for _ in range(missing))
 
     def free(self, seq: Sequence) -> None:
         """Give back all of the sequence's blocks; its table is empty afterwards."""
         for block_id in seq.block_table:
             self.allocator.free(block_id)
         seq.block_table = []
+
+    def save(self) -> AllocatorState:
+        """The pool's whole state, for `restore` (a failed step puts it back)."""
+        return self.allocator.save()
+
+    def restore(self, state: AllocatorState) -> None:
+        self.allocator.restore(state)

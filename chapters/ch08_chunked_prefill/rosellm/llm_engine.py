@@ -1,49 +1,50 @@
 """The step-level engine: requests in, one scheduling step at a time, outputs out (vLLM's names).
 
 The only place where the three parts meet: schedule (bookkeeping) -> run the model (the model runner)
--> sample -> commit to the bookkeeping. A step is a transaction: if the forward or the sampler raises,
-the plan is rolled back and the engine is exactly as it was before the step.
+-> sample -> commit to the bookkeeping. Requests come in through the input processor (tokenize, check,
+build the sequence) and leave through their `RequestState` (text, outputs). A step is a transaction: if the
+forward or the sampler raises, the plan is rolled back and the engine is exactly as it was before the step.
 """
 
-import dataclasses
 import itertools
-import numbers
+from dataclasses import dataclass
 
 import torch
 from torch.profiler import record_function
 
 from .block_manager import BlockManager
-from .block_math import blocks_for
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
+from .input_processor import InputProcessor
+from .loader import load_tokenizer, resolve_model_folder
 from .model_runner import ModelRunner
+from .output_processor import RequestState
 from .outputs import RequestOutput
 from .sampling import SamplingParams, make_generator, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Sequence
 
 
-@dataclasses.dataclass
-class RequestState:
-    """What the engine keeps per request beside its `Sequence`: what it needs to build outputs."""
+class StepError(RuntimeError):
+    """A step's forward or sampling raised (the error is the `__cause__`); the engine is as it was before
+    the step. `request_ids`: the requests the step had scheduled."""
 
-    seq: Sequence
-    prompt: str | None
-    detokenizer: IncrementalDetokenizer
-    generator: torch.Generator | None
-    text: str = ""
+    def __init__(self, request_ids: list[str], error: Exception):
+        super().__init__(f"a step running requests {request_ids} failed: {error!r}")
+        self.request_ids = request_ids
 
-    def output(self, finish_reason: str | None = None) -> RequestOutput:
-        """A snapshot for the caller: later steps never change it."""
-        seq = self.seq
-        return RequestOutput(
-            seq.request_id,
-            self.prompt,
-            list(seq.prompt_token_ids),
-            list(seq.output_token_ids),
-            self.text,
-            finish_reason,
-        )
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's load between steps, for its users: requests by queue, and the KV pool."""
+
+    running_requests: frozenset[str]  # requests with a sequence running
+    waiting_requests: frozenset[str]  # requests with a sequence waiting
+    num_free_blocks: int
+    num_total_blocks: int
+
+    @property
+    def unfinished_requests(self) -> frozenset[str]:
+        return self.running_requests | self.waiting_requests
 
 
 class LLMEngine:
@@ -52,19 +53,16 @@ class LLMEngine:
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
         self.config = config = EngineConfig(**engine_options)
+        self.tokenizer = load_tokenizer(resolve_model_folder(model))
         self.model_runner = ModelRunner(model, device, dtype, config.attention_backend)
-        self.model, self.tokenizer = self.model_runner.model, self.model_runner.tokenizer
+        self.model = self.model_runner.model
         context = self.model.config.max_position_embeddings
         self.max_model_len = config.max_model_len or context
         if not 1 < self.max_model_len <= context:
             raise ValueError(f"max_model_len must be in [2, {context}], got {config.max_model_len}")
         eos = self.model.config.eos_token_ids or (self.tokenizer.eos_token_id,)
         self.eos_token_ids = {t for t in eos if t is not None}
-        num_kv_blocks = config.num_kv_blocks
-        if num_kv_blocks is None:
-            blocks_per_seq = blocks_for(self.max_model_len, config.block_size)
-            affordable = config.kv_cache_memory // (config.block_size * self.model_runner.bytes_per_token())
-            num_kv_blocks = max(1, min(affordable, config.max_num_seqs * blocks_per_seq))
+        num_kv_blocks = config.kv_pool_blocks(self.max_model_len, self.model_runner.bytes_per_token())
         self.block_manager = BlockManager(num_kv_blocks, config.block_size)
         self.model_runner.allocate_kv_pool(num_kv_blocks, config.block_size, self.max_model_len)
         default_budget = 2048 if config.enable_chunked_prefill else max(self.max_model_len, 2048)
@@ -74,6 +72,14 @@ class LLMEngine:
             config.max_num_batched_tokens or default_budget,
             config.watermark_blocks(num_kv_blocks),
             config.enable_chunked_prefill,
+        )
+        self.input_processor = InputProcessor(
+            self.tokenizer,
+            self.model.config.vocab_size,
+            self.eos_token_ids,
+            self.max_model_len,
+            self.scheduler,
+            self.block_manager,
         )
         self.requests: dict[str, RequestState] = {}
         self._request_counter = itertools.count()
@@ -87,14 +93,8 @@ class LLMEngine:
         request_id = self._new_request_id() if request_id is None else str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
-        # A copy, validated again: changing the caller's object later must not change this request.
-        params = dataclasses.replace(sampling_params) if sampling_params else SamplingParams()
-        text, token_ids = self._tokenize(prompt)
-        seq = Sequence(request_id, token_ids, params, self.eos_token_ids, self.max_model_len)
-        self._check_request(seq)
-        generator = make_generator(params.seed, self.model_runner.device)
+        text, seq = self.input_processor.process(request_id, prompt, sampling_params)
+        generator = make_generator(seq.params.seed, self.model_runner.device)
         self.requests[request_id] = RequestState(seq, text, IncrementalDetokenizer(self.tokenizer), generator)
         self.scheduler.add(seq)
         return request_id
@@ -107,24 +107,36 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def stats(self) -> EngineStats:
+        """A snapshot of the queues and the KV pool (what `LLM` and metrics read between steps)."""
+        return EngineStats(
+            frozenset(seq.request_id for seq in self.scheduler.running),
+            frozenset(seq.request_id for seq in self.scheduler.waiting),
+            self.block_manager.num_free_blocks,
+            self.block_manager.num_total_blocks,
+        )
+
     # --- one step -------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Plan (schedule), run (forward and sample), commit (count computed tokens, append sampled ones,
         finish requests). Returns the outputs of the requests that got a token (finished ones have
         `.finished`); a request whose prompt chunk did not reach its end gets none this step.
-        If running or sampling raises, the plan is rolled back before the exception propagates."""
+        If running or sampling raises, the plan is rolled back and `StepError` names the requests the step
+        held (an interruption such as KeyboardInterrupt propagates as it is, after the rollback)."""
         with record_function("rosellm.schedule"):  # labels for torch.profiler (benchmarks/profile)
             plan = self.scheduler.schedule()
         if not plan.scheduled:
-            if self.scheduler.waiting and not plan.preempted:  # add_request's checks make this unreachable
+            if self.scheduler.waiting and not plan.preempted:  # the input processor refuses such requests
                 raise RuntimeError(f"request {self.scheduler.waiting[0].request_id!r} can never be scheduled")
             return []
         states = [self.requests[seq.request_id] for seq, sample in zip(plan.scheduled, plan.samples) if sample]
         try:
             tokens = self._run(plan, states)
-        except BaseException:
+        except BaseException as error:
             self.scheduler.rollback(plan)
+            if isinstance(error, Exception):
+                raise StepError([seq.request_id for seq in plan.scheduled], error) from error
             raise
         with record_function("rosellm.commit"):
             return self._commit(plan, states, tokens)
@@ -158,9 +170,8 @@ class LLMEngine:
         for state, token in zip(states, tokens):
             seq = state.seq
             finish_reason = seq.append_token(token)
-            state.text += state.detokenizer.add(token)
+            state.add_token(token, finish_reason)
             if finish_reason is not None:
-                state.text += state.detokenizer.flush()
                 self.scheduler.finish(seq)
                 del self.requests[seq.request_id]
             outputs.append(state.output(finish_reason))
@@ -171,8 +182,7 @@ class LLMEngine:
     @torch.inference_mode()
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [seq, vocab_size] at every position of one sequence (blocks borrowed for the call)."""
-        seq = Sequence("prompt_logits", token_ids, SamplingParams(max_tokens=1), set(), self.max_model_len)
-        self._check_request(seq)
+        _, seq = self.input_processor.process("prompt_logits", token_ids, SamplingParams(max_tokens=1))
         self.block_manager.grow(seq, len(token_ids))
         try:
             hidden = self.model_runner.forward(SchedulerOutput([seq], [len(token_ids)]))
@@ -185,53 +195,3 @@ class LLMEngine:
         while (request_id := str(next(self._request_counter))) in self.requests:
             pass
         return request_id
-
-    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
-        """(the prompt's text or None, its token ids) from any of the accepted prompt shapes."""
-        if isinstance(prompt, dict):
-            if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
-                prompt = prompt["prompt"]
-            elif set(prompt) == {"prompt_token_ids"}:
-                prompt = prompt["prompt_token_ids"]
-            else:
-                raise ValueError(
-                    'a dict prompt must be {"prompt": str} or {"prompt_token_ids": [int, ...]}, '
-                    f"got keys {sorted(prompt)}"
-                )
-        if isinstance(prompt, str):
-            return prompt, (self.tokenizer.encode(prompt) if prompt else [])
-        if isinstance(prompt, (list, tuple)) and all(
-            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt
-        ):
-            return None, [int(t) for t in prompt]
-        raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
-
-    def _check_request(self, seq: Sequence) -> None:
-        """Reject what could never run, even alone: after a preemption a request is prefilled again with
-        everything it generated, so its longest cached sequence must fit the pool (and, without chunked
-        prefill, one step's budget)."""
-        name, token_ids = f"request {seq.request_id!r}", seq.prompt_token_ids
-        if not token_ids:
-            raise ValueError(f"{name}: the prompt is empty")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"{name}: the prompt has {len(token_ids)} tokens; max_model_len={self.max_model_len} "
-                f"leaves room for at most {self.max_model_len - 1} prompt tokens"
-            )
-        vocab = self.model.config.vocab_size
-        if not all(0 <= t < vocab for t in token_ids):
-            raise ValueError(f"{name}: the prompt has token ids outside the vocabulary [0, {vocab})")
-        if not all(t < vocab for t in seq.params.stop_token_ids):
-            raise ValueError(f"{name}: stop_token_ids has ids outside the vocabulary [0, {vocab})")
-        budget = self.scheduler.max_num_batched_tokens
-        if not self.scheduler.enable_chunked_prefill and seq.max_kv_tokens > budget:
-            raise ValueError(
-                f"{name}: prompt + max_tokens may need a prefill of {seq.max_kv_tokens} tokens, more "
-                f"than max_num_batched_tokens={budget} (one step's token budget)"
-            )
-        needed = self.block_manager.blocks_needed(seq.max_kv_tokens)
-        if needed > self.block_manager.num_total_blocks:
-            raise ValueError(
-                f"{name}: prompt + max_tokens need {needed} KV blocks of {self.block_manager.block_size} "
-                f"tokens, the pool has num_kv_blocks={self.block_manager.num_total_blocks}"
-            )

@@ -146,7 +146,7 @@ class Scheduler:
         self.running = list(undo.running)
         for seq, state in undo.sequences.items():
             seq.restore(state)
-        self.block_manager.allocator.restore(undo.allocator)
+        self.block_manager.restore(undo.allocator)
 
     def finish(self, seq: Sequence) -> None:
         """A running sequence is done: its blocks return to the pool at once."""
@@ -170,7 +170,7 @@ class Scheduler:
         return SchedulerState(
             list(self.waiting),
             list(self.running),
-            self.block_manager.allocator.save(),
+            self.block_manager.save(),
             {seq: seq.save() for seq in self.running},
         )
 

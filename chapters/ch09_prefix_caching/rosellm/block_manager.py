@@ -7,7 +7,7 @@ grows, shares, copies and frees it. Token i lives in block `block_table[i // blo
 tokens (prefix_caching.py), and a new sequence starts from the longest chain of them its tokens begin with.
 """
 
-from .block_allocator import BlockAllocator, NoFreeBlocksError
+from .block_allocator import AllocatorState, BlockAllocator, NoFreeBlocksError
 from .block_math import blocks_for
 from .prefix_caching import PrefixCachingBlockAllocator, hash_block
 from .sequence import Sequence
@@ -67,14 +67,12 @@ class BlockManager:
         seq.block_table[index] = copy
         return source, copy
 
-    def grow(self, seq: Sequence, num_tokens: int) -> list[int]:
-        """Extend `seq.block_table` to hold `num_tokens` slots; returns the new blocks (all or nothing)."""
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Extend `seq.block_table` to hold `num_tokens` slots with new blocks (all or nothing)."""
         missing = self.num_new_blocks(seq, num_tokens)
         if missing > self.num_free_blocks:
             raise NoFreeBlocksError(f"{seq.request_id!r} needs {missing} blocks, {self.num_free_blocks} are free")
-        new_blocks = [self.allocator.allocate() for _ in range(missing)]
-        seq.block_table.extend(new_blocks)
-        return new_blocks
+        seq.block_table.extend(self.allocator.allocate() for _ in range(missing))
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` reads the same blocks as `parent`: one owner more for each."""
@@ -86,6 +84,13 @@ class BlockManager:
         """Give back all of the sequence's blocks; its table is empty afterwards."""
         self.allocator.free(*seq.block_table)
         seq.block_table = []
+
+    def save(self) -> AllocatorState:
+        """The pool's whole state, for `restore` (a failed step puts it back)."""
+        return self.allocator.save()
+
+    def restore(self, state: AllocatorState) -> None:
+        self.allocator.restore(state)
 
     # --- prefix caching ---------------------------------------------------------------------------------
 
@@ -105,7 +110,7 @@ class BlockManager:
     def num_blocks_to_admit(self, seq: Sequence, hits: list[int], num_tokens: int) -> int:
         """What admitting `seq` with `hits` as its first blocks and `num_tokens` slots takes from the free
         count: its new blocks, and the hits nobody uses (they leave the evictor)."""
-        unused_hits = sum(1 for block_id in hits if self.allocator.ref_counts[block_id] == 0)
+        unused_hits = sum(1 for block_id in hits if not self.allocator.is_used(block_id))
         return self.blocks_needed(num_tokens) - len(hits) + unused_hits
 
     def take_prefix(self, seq: Sequence, hits: list[int]) -> None:

@@ -51,7 +51,7 @@ class LLM:
         [request_id] = self._add_requests([prompt], sampling_params)
         emitted, final = 0, None
         try:
-            while request_id in self.llm_engine.requests:  # until it finishes (or someone aborts it)
+            while request_id in self.llm_engine.stats().unfinished_requests:  # until it finishes or is aborted
                 for output in self.llm_engine.step():
                     if output.request_id == request_id:
                         final = output
@@ -90,7 +90,8 @@ class LLM:
 
 
 def normalize_prompts(prompts) -> list[Prompt]:
-    """A str, a dict, a list of token ids, or a list of those -> a list of prompts (checked when queued)."""
+    """A str, a dict, a list of token ids, or a list of those -> a list of prompts (the engine checks each
+    when it is queued, token ids by `check_token_ids`)."""
     if isinstance(prompts, (str, dict)):
         return [prompts]
     prompts = list(prompts)

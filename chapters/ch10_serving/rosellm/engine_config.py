@@ -3,6 +3,8 @@
 import math
 from dataclasses import dataclass
 
+from .block_math import blocks_for
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -57,3 +59,12 @@ class EngineConfig:
 
     def watermark_blocks(self, num_kv_blocks: int) -> int:
         return math.ceil(self.watermark * num_kv_blocks)
+
+    def kv_pool_blocks(self, max_model_len: int, bytes_per_token: int) -> int:
+        """`num_kv_blocks`, or what `kv_cache_memory` holds at `bytes_per_token` (all layers' keys and values
+        of one token), capped at what max_num_seqs sequences of max_model_len tokens need."""
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        blocks_per_seq = blocks_for(max_model_len, self.block_size)
+        affordable = self.kv_cache_memory // (self.block_size * bytes_per_token)
+        return max(1, min(affordable, self.max_num_seqs * blocks_per_seq))

@@ -1,6 +1,6 @@
 """The model runner: turns a step's plan into tensors and runs the model on them.
 
-It owns the model, its tokenizer, the attention backend and the paged KV pool. It reads what the
+It owns the model, the attention backend and the paged KV pool. It reads what the
 scheduled sequences hold (their new tokens, how many are computed, their block tables) and builds the
 batch's tensors; the model itself only ever sees those tensors.
 """
@@ -21,7 +21,7 @@ class ModelRunner:
     ):
         self.device = torch.device(device)
         self.attention_backend = get_attention_backend(attention_backend, self.device)
-        self.model, self.tokenizer = load_model(model, self.device, dtype)
+        self.model, _ = load_model(model, self.device, dtype)
         self.model.set_attention_backend(self.attention_backend)
         self.config = self.model.config
         self.dtype = self.model.lm_head.weight.dtype

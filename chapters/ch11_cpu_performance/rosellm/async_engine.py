@@ -24,8 +24,9 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
-from .llm_engine import LLMEngine
+from .llm_engine import LLMEngine, StepError
 from .metrics import EngineMetrics
 from .outputs import RequestOutput
 from .sampling import SamplingParams
@@ -90,21 +91,42 @@ class RequestStream:
             await self._ready.wait()
 
 
+@dataclass
+class AddRequest:
+    """Queue `prompt` for `stream`'s request, then settle `accepted` (with the engine's error, if refused)."""
+
+    stream: RequestStream
+    prompt: object
+    params: SamplingParams | None
+    accepted: asyncio.Future
+
+
+@dataclass
+class AbortRequest:
+    """Abort a request; from a stream (`owner`), only if that stream's request is still the one in the engine
+    under this id (the id may have been refused and taken again)."""
+
+    request_id: str
+    owner: RequestStream | None = None
+
+
 class AsyncLLMEngine:
     """Drives one `LLMEngine` from a background thread; every method is safe from any thread or event loop.
 
     `await add_request(...)` returns a `RequestStream` once the engine accepted the request (bad input raises
     the engine's ValueError); `generate(...)` is the same as an async generator that aborts its request
-    however it is left (break, cancellation, exception). `metrics` is what the server's /metrics shows."""
+    however it is left (break, cancellation, exception). `metrics` is what the server's /metrics shows;
+    `tokenizer` and `max_model_len` are the engine's (they never change)."""
 
     def __init__(self, engine: LLMEngine):
         self.engine = engine
+        self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
         self.metrics = EngineMetrics()
         self._lock = threading.Condition()  # guards the two fields below; the engine thread sleeps on it
-        self._pending: list[tuple] = []  # operations for the engine thread, in arrival order
+        self._pending: list[AddRequest | AbortRequest] = []  # for the engine thread, in arrival order
         self._stopping = False
         self._streams: dict[str, RequestStream] = {}  # requests in the engine: the engine thread's only
-        self.metrics.record_engine(engine)
+        self.metrics.record_stats(engine.stats())
         self.thread = threading.Thread(target=self._run, name="rosellm-engine", daemon=True)  # the engine thread
         self.thread.start()
 
@@ -123,7 +145,7 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream = RequestStream(uuid.uuid4().hex if request_id is None else str(request_id), loop, self._abort)
         accepted = loop.create_future()
-        if not self._submit(("add", stream, prompt, sampling_params, accepted)):
+        if not self._submit(AddRequest(stream, prompt, sampling_params, accepted)):
             raise EngineStoppedError("the engine is shut down")
         try:
             await accepted
@@ -145,7 +167,7 @@ class AsyncLLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request, waiting or running; applied before the next step. Unknown or finished: nothing."""
-        self._submit(("abort", str(request_id), None))
+        self._submit(AbortRequest(str(request_id)))
 
     def shutdown(self) -> None:
         """Stop the engine thread after its current step. Requests still queued or in flight end with
@@ -157,9 +179,9 @@ class AsyncLLMEngine:
             self.thread.join()
 
     def _abort(self, stream: RequestStream) -> None:
-        self._submit(("abort", stream.request_id, stream))
+        self._submit(AbortRequest(stream.request_id, stream))
 
-    def _submit(self, operation: tuple) -> bool:
+    def _submit(self, operation: AddRequest | AbortRequest) -> bool:
         with self._lock:
             if self._stopping:
                 return False
@@ -182,29 +204,26 @@ class AsyncLLMEngine:
                     self._apply(operation)
                 if self.engine.has_unfinished_requests():
                     self._step()
-                self.metrics.record_engine(self.engine)
+                self.metrics.record_stats(self.engine.stats())
         except Exception:
             logger.exception("the engine thread failed; the engine stops")
         finally:
             self._stop_everything()
 
-    def _apply(self, operation: tuple) -> None:
-        """One queued operation: ("add", stream, prompt, params, future) or ("abort", request_id, owner). An
-        abort from a stream (its owner) only touches that stream's request: the id may have been refused."""
-        if operation[0] == "add":
-            _, stream, prompt, params, accepted = operation
+    def _apply(self, operation: AddRequest | AbortRequest) -> None:
+        """One queued operation, in the engine thread."""
+        if isinstance(operation, AddRequest):
+            stream = operation.stream
             try:
-                self.engine.add_request(stream.request_id, prompt, params)
+                self.engine.add_request(stream.request_id, operation.prompt, operation.params)
             except Exception as error:  # ValueError for bad input; anything else is the caller's to see too
-                deliver(stream.loop, settle, accepted, error)
+                deliver(stream.loop, settle, operation.accepted, error)
                 return
             self._streams[stream.request_id] = stream
-            if not deliver(stream.loop, settle, accepted, None):
+            if not deliver(stream.loop, settle, operation.accepted, None):
                 self._end(stream.request_id)
-        else:
-            _, request_id, owner = operation
-            if owner is None or self._streams.get(request_id) is owner:
-                self._end(request_id)
+        elif operation.owner is None or self._streams.get(operation.request_id) is operation.owner:
+            self._end(operation.request_id)
 
     def _step(self) -> None:
         try:
@@ -215,18 +234,13 @@ class AsyncLLMEngine:
                 outputs = self.engine.step()
             except Exception as error:
                 logger.exception("the step failed again; ending the requests it scheduled")
-                failure = StepFailedError(f"a step running this request failed twice: {error!r}")
-                failure.__cause__ = error
-                for request_id in self._scheduled_request_ids():
-                    self._end(request_id, failure)
+                self._fail(error)
                 return
         now = time.perf_counter()
         for output in outputs:
             stream = self._streams[output.request_id]
             if stream.last_output_time is None:
-                self.metrics.record_first_output(
-                    now - stream.arrival, len(output.prompt_token_ids), output.num_cached_tokens
-                )
+                self.metrics.record_first_output(now - stream.arrival)
             else:
                 self.metrics.record_next_output(now - stream.last_output_time)
             stream.last_output_time = now
@@ -235,17 +249,16 @@ class AsyncLLMEngine:
             if not deliver(stream.loop, stream.put, output):  # its event loop is gone: nobody listens
                 self._end(output.request_id)
 
-    def _scheduled_request_ids(self) -> set[str]:
-        """The requests the failed step scheduled. The engine rolled the step back and the scheduler is
-        deterministic, so scheduling again plans the same step; that plan is rolled back at once. If even
-        scheduling fails, no request can run: all of them."""
-        scheduler = self.engine.scheduler
-        try:
-            plan = scheduler.schedule()
-        except Exception:
-            return set(self._streams)
-        scheduler.rollback(plan)
-        return {seq.request_id for seq in plan.scheduled} or set(self._streams)
+    def _fail(self, error: Exception) -> None:
+        """End the requests of a step that failed twice with `StepFailedError`: those the engine names, or
+        every request if the step failed before it scheduled any (no request can run)."""
+        cause, request_ids = error, set(self._streams)
+        if isinstance(error, StepError):
+            cause, request_ids = error.__cause__, set(error.request_ids)
+        failure = StepFailedError(f"a step running this request failed twice: {cause!r}")
+        failure.__cause__ = cause
+        for request_id in request_ids:
+            self._end(request_id, failure)
 
     def _end(self, request_id: str, error: BaseException | None = None) -> None:
         """Abort a request in the engine (its blocks are freed at once) and end its stream, with `error`."""
@@ -261,11 +274,11 @@ class AsyncLLMEngine:
             operations, self._pending = self._pending, []
         error = EngineStoppedError("the engine was shut down")
         for operation in operations:
-            if operation[0] == "add":
-                deliver(operation[1].loop, settle, operation[-1], error)
+            if isinstance(operation, AddRequest):
+                deliver(operation.stream.loop, settle, operation.accepted, error)
         for request_id in list(self._streams):
             self._end(request_id, error)
-        self.metrics.record_engine(self.engine)
+        self.metrics.record_stats(self.engine.stats())
 
 
 def deliver(loop: asyncio.AbstractEventLoop, callback: Callable, *args) -> bool:

@@ -9,6 +9,8 @@ import math
 import threading
 from bisect import bisect_left
 
+from .llm_engine import EngineStats
+
 # Seconds: from a millisecond (a tiny model's step) to a long queue under load.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -35,7 +37,8 @@ class Histogram:
 
 
 class EngineMetrics:
-    """The server's metrics: gauges read from the engine between steps, counters and histograms fed per output."""
+    """The server's metrics: gauges and counters from the engine's stats between steps, histograms fed per
+    output."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -45,21 +48,20 @@ class EngineMetrics:
         self.time_to_first_token = Histogram()
         self.inter_token_latency = Histogram()
 
-    def record_engine(self, engine) -> None:
-        """From the engine thread, between steps: how many requests run and wait, how the KV pool is used."""
-        scheduler, blocks = engine.scheduler, engine.block_manager
+    def record_stats(self, stats: EngineStats) -> None:
+        """From the engine thread, between steps: how many requests run and wait, how the KV pool and the
+        prefix cache are used."""
         with self._lock:
-            self.requests_running = len({seq.request_id for seq in scheduler.running})
-            self.requests_waiting = len({seq.request_id for seq in scheduler.waiting})
-            self.blocks_free = blocks.num_free_blocks
-            self.blocks_used = blocks.num_total_blocks - blocks.num_free_blocks
+            self.requests_running = len(stats.running_requests)
+            self.requests_waiting = len(stats.waiting_requests)
+            self.blocks_free = stats.num_free_blocks
+            self.blocks_used = stats.num_total_blocks - stats.num_free_blocks
+            self.prefix_cache_queries, self.prefix_cache_hits = stats.prefix_cache_queries, stats.prefix_cache_hits
 
-    def record_first_output(self, seconds: float, num_prompt_tokens: int, num_cached_tokens: int) -> None:
-        """A request's first token came `seconds` after it arrived; its prompt found that many tokens cached."""
+    def record_first_output(self, seconds: float) -> None:
+        """A request's first token came `seconds` after it arrived."""
         with self._lock:
             self.time_to_first_token.observe(seconds)
-            self.prefix_cache_queries += num_prompt_tokens
-            self.prefix_cache_hits += num_cached_tokens
 
     def record_next_output(self, seconds: float) -> None:
         """A request's next token(s) came `seconds` after its previous ones."""

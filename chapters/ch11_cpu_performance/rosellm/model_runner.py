@@ -1,6 +1,6 @@
 """The model runner: turns a step's plan into tensors and runs the model on them.
 
-It owns the model, its tokenizer, the attention backend and the paged KV pool. It reads what the
+It owns the model, the attention backend and the paged KV pool. It reads what the
 scheduled sequences hold (their new tokens, how many are computed, their block tables) and builds the
 batch's tensors; the model itself only ever sees those tensors.
 """
@@ -28,7 +28,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.enforce_eager = enforce_eager
         self.attention_backend = get_attention_backend(attention_backend, self.device, enforce_eager)
-        self.model, self.tokenizer = load_model(model, self.device, dtype)
+        self.model, _ = load_model(model, self.device, dtype)
         self.model.set_attention_backend(self.attention_backend)
         packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
         if not enforce_eager:
