@@ -69,7 +69,6 @@ class TensorParallelRunner:
     # --- ModelRunner's interface ------------------------------------------------------------------------
 
     model = property(lambda self: self.local.model)
-    tokenizer = property(lambda self: self.local.tokenizer)
     device = property(lambda self: self.local.device)
     attention_backend = property(lambda self: self.local.attention_backend)
     kv_pool = property(lambda self: self.local.kv_pool)  # rank 0's share of the KV heads
