@@ -310,7 +310,7 @@ def write(result: dict, json_path: Path, figures: list[Path], plot, report, wron
     plot(result, *figures)
     if report:
         report(result)
-    print(f"wrote {json_path} and {', '.join(result['figures'])} ({result['wall_s']} s)")
+    print(f"wrote {', '.join([str(json_path), *result['figures']])} ({result['wall_s']} s)")
     other = result["other_processes_cpu_share"]
     if other and other > 0.05:
         print(f"warning: other processes used {other:.0%} of the CPU during the run; the timings are disturbed")
