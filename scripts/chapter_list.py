@@ -85,7 +85,7 @@ SUMMARIES = {
             "operator; decode attention compiled to read the pool in place; decoder layers compiled once for "
             "every token count, warmed up at start; `enforce_eager` and an ablation"
         ),
-        "run a CPU step as fast as the engines a reader would pick instead",
+        "run the offline workload level with vLLM's CPU build (batch 1 is still behind)",
     ),
     "ch12_tensor_parallel": (
         (
