@@ -74,8 +74,8 @@ def measure(args, s: dict) -> dict:
         row["share_of_roofline_output"] = round(row["output_tokens_per_s"] / roof["compute_tokens_per_s"], 4)
         row["identical_to_latest"] = tokens[row["chapter"]] == tokens[max(tokens)]
         row["speedup_vs_first"] = round(row["output_tokens_per_s"] / done[0]["output_tokens_per_s"], 2)
-    single = chapter_ranges([row["chapter"] for row in rows if not row["options"]])
-    batched = chapter_ranges([row["chapter"] for row in rows if row["options"]])
+    single = harness.chapter_ranges([row["chapter"] for row in rows if not row["options"]])
+    batched = harness.chapter_ranges([row["chapter"] for row in rows if row["options"]])
     notes = [
         "tokens/s = all output tokens / wall time of one LLM.generate over all requests (model loaded and "
         f"warmed up before); chapters {single} serve one request at a time, {batched} batch up to `batch`."
@@ -83,17 +83,6 @@ def measure(args, s: dict) -> dict:
     correct = bool(rows) and all(row.get("check", {}).get("passed") for row in rows)
     out = dict(settings=s | {"greedy": True, "ignore_eos": True, "threads": args.threads}, dtype="float32")
     return out | dict(parameters=params, roofline=roof, chapters=rows, correct=correct, notes=notes)
-
-
-def chapter_ranges(numbers: list[int]) -> str:
-    """Chapter numbers as runs: [1, 2, 3, 6, 7, 8] -> "01-03, 06-08"; "none" when there are none."""
-    runs = []
-    for n in sorted(numbers):
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ", ".join(f"{a:02d}" if a == b else f"{a:02d}-{b:02d}" for a, b in runs) or "none"
 
 
 def report(result: dict) -> None:

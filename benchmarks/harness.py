@@ -257,6 +257,17 @@ def check_against(reference: dict, tokens: list | dict) -> dict:
 # --- results: statistics, files, tables, figures -----------------------------------------------------------
 
 
+def chapter_ranges(numbers: list[int]) -> str:
+    """Chapter numbers as runs: [1, 2, 3, 6, 7, 8] -> "01-03, 06-08"; "none" when there are none."""
+    runs = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{a:02d}" if a == b else f"{a:02d}-{b:02d}" for a, b in runs) or "none"
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0..100), interpolating linearly between order statistics."""
     if not values:

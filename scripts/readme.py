@@ -63,7 +63,8 @@ def how_fast_block() -> str:
     return (
         f"On a {machine['cpu_cores']}-core CPU ({machine['cpu']}, fp32, SmolLM2-135M-Instruct, {s['requests']} "
         f"requests with prompts of {s['prompt_len'][0]}–{s['prompt_len'][1]} tokens and {s['max_tokens'][0]}–"
-        f"{s['max_tokens'][1]} output tokens), one run of offline-cpu with the peers (`{offline['command']}`) on {offline['date']} measured, in "
+        f"{s['max_tokens'][1]} output tokens), one run of offline-cpu with the peers (`{offline['command']}`) "
+        f"on {offline['date']} measured, in "
         f"useful output tokens/s ({'a busy' if busy > BUSY_SHARE else 'an idle'} machine: other processes used "
         f"{100 * busy:.0f} % of the CPU meanwhile):\n\n"
         + "\n".join(rows)
