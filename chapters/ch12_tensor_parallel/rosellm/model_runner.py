@@ -1,0 +1,119 @@
+"""The model runner: turns a step's inputs into tensors and runs the model on them.
+
+It owns the model, the attention backend and the paged KV pool. It is handed each step's
+`StepInputs` (plain lists: new tokens, lengths, block tables) and builds the batch's tensors; the model
+itself only ever sees those tensors.
+"""
+
+import torch
+
+from . import packed_linear
+from .attention_backend import get_attention_backend
+from .attention_metadata import AttentionMetadata
+from .block_math import blocks_for
+from .kv_pool import KVPool
+from .loader import load_model
+from .step_inputs import StepInputs
+
+
+class ModelRunner:
+    """One process's model: the whole model, or the slice of tensor-parallel rank `rank` of `size`."""
+
+    def __init__(
+        self,
+        model=None,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        attention_backend: str | None = None,
+        enforce_eager: bool = False,
+        rank: int = 0,
+        size: int = 1,
+    ):
+        self.device = torch.device(device)
+        self.enforce_eager = enforce_eager
+        self.attention_backend = get_attention_backend(attention_backend, self.device, enforce_eager)
+        self.model, _ = load_model(model, self.device, dtype, rank, size)
+        self.model.set_attention_backend(self.attention_backend)
+        packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
+        if not enforce_eager:
+            self.model.compile_layers()
+        self.config = self.model.config
+        self.dtype = self.model.lm_head.weight.dtype
+        self.kv_pool: KVPool | None = None
+        self.saved_blocks: tuple[list[int], torch.Tensor, torch.Tensor] | None = None  # see save_blocks
+        self.max_blocks_per_seq = 0
+
+    def bytes_per_token(self) -> int:
+        return KVPool.bytes_per_token(self.config, self.dtype)
+
+    def allocate_kv_pool(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        self.kv_pool = KVPool(self.config, num_blocks, block_size, self.dtype, self.device)
+        self.max_blocks_per_seq = blocks_for(max_model_len, block_size)  # the width of a block table
+        if not self.enforce_eager:
+            self.warm_up()
+
+    # (decoding sequences, blocks each): batch and table width 1 or more than 1 (torch.compile specializes
+    # sizes 0 and 1 and makes the others symbolic), so that every graph is compiled before the first request
+    WARM_UP_SHAPES = ((2, 2), (1, 1), (1, 2), (2, 1))
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Compile now: run one decode forward per shape of WARM_UP_SHAPES on block 0, storing nothing
+        (slot -1), so that no request ever waits for torch.compile."""
+        block_size = self.kv_pool.block_size
+        for batch, blocks in self.WARM_UP_SHAPES:
+            if blocks > self.max_blocks_per_seq:
+                continue
+            tables = torch.full((batch, self.max_blocks_per_seq), -1, dtype=torch.int32)
+            tables[:, :blocks] = 0
+            seq_len = (blocks - 1) * block_size + 1
+            metadata = AttentionMetadata.build([1] * batch, [seq_len] * batch, tables, block_size, self.device)
+            metadata.slot_mapping.fill_(-1)
+            metadata.plan = self.attention_backend.plan(metadata, block_size)
+            hidden = self.model(torch.zeros(batch, dtype=torch.long, device=self.device), metadata, self.kv_pool)
+            self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Run every row's new tokens in one forward; their keys and values go into the pool.
+        Returns hidden states [num_tokens, hidden], rows end to end."""
+        width = self.max_blocks_per_seq
+        tables = [table + [-1] * (width - len(table)) for table in inputs.block_tables]
+        block_tables = torch.tensor(tables, dtype=torch.int32)  # [batch, max_blocks_per_seq], -1: no block
+        metadata = AttentionMetadata.build(
+            inputs.num_new_tokens, inputs.seq_lens, block_tables, self.kv_pool.block_size, self.device
+        )
+        input_ids = torch.tensor(inputs.token_ids, device=self.device)  # [num_tokens]
+        metadata.plan = self.attention_backend.plan(metadata, self.kv_pool.block_size)
+        return self.model(input_ids, metadata, self.kv_pool)
+
+    @torch.inference_mode()
+    def sampling_logits(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        """[num_tokens, hidden] -> logits [rows that sample, vocab_size] at the last new token of each row
+        whose chunk reaches its sequence's end (a chunk in the middle of a prompt has nothing to sample)."""
+        ends = torch.tensor(inputs.num_new_tokens, device=hidden.device).cumsum(0) - 1
+        return self.model.compute_logits(hidden[ends[torch.tensor(inputs.samples, device=hidden.device)]])
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy on write: each (source, copy) pair's keys and values, in every layer, in order."""
+        for source, copy in copies:
+            self.kv_pool.keys[:, copy] = self.kv_pool.keys[:, source]
+            self.kv_pool.values[:, copy] = self.kv_pool.values[:, source]
+
+    def save_blocks(self, block_ids: list[int]) -> None:
+        """Keep a copy of some blocks' keys and values in every layer, for `restore_blocks`."""
+        self.saved_blocks = (
+            block_ids,
+            self.kv_pool.keys[:, block_ids].clone(),
+            self.kv_pool.values[:, block_ids].clone(),
+        )
+
+    def restore_blocks(self) -> None:
+        """Put back the blocks of the last `save_blocks`."""
+        block_ids, keys, values = self.saved_blocks
+        self.kv_pool.keys[:, block_ids] = keys
+        self.kv_pool.values[:, block_ids] = values
+
+    def close(self) -> None:
+        """Let the KV pool go (a tensor-parallel runner also stops its processes)."""
+        self.kv_pool = None
