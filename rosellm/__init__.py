@@ -6,7 +6,7 @@ from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "12_tensor_parallel"
+__chapter__ = "13_quantization"
 __capabilities__ = frozenset(
     {
         "kv_cache",
