@@ -26,9 +26,14 @@ from torch import nn
 
 GROUP = 32  # weights per scale in GGUF's Q4_0, Q4_1, Q8_0 and in our int4
 
-# Most rows (tokens) for which the packed kernels beat the dense copy on bf16 activations: at 16 rows dense
-# bf16 is already as fast, beyond it much faster (quantized_linear's measurement, on AVX-512 BF16).
+# Most rows (tokens) for which the packed kernels beat the dense copy on bf16 activations. Measured on a
+# 2-core AVX-512 BF16 CPU, one thread, 20 layers of 1536x576 (ms): int4 packed 1.3 / 2.5 / 4.6 / 7.3 / 14.2
+# at 1 / 4 / 8 / 16 / 32 rows, int8 per channel 3.2 / 4.0 / 6.6 / 10.7 / 19.3, dense bf16 5.5 / 5.8 / 6.5 /
+# 7.8 / 10.7: int4 wins up to 8 rows, int8 ties there, dense wins from 16.
 SMALL_BATCH_ROWS = 8
+# Q8_0's int8 in groups of 32 takes one kernel call per group (18 for 576 inputs): 6.2 ms at 1 row, 7.8 at
+# 2, 10.5 at 4 on the same layers, so it pays at one row only.
+GROUPED_INT8_ROWS = 1
 PACKED_DTYPES = (torch.bfloat16,)  # activations on which the packed kernels pay
 
 
@@ -86,9 +91,9 @@ def dequantize(codes, scales, minimums, offset: int, group: int) -> torch.Tensor
     return weight if minimums is None else weight + minimums.repeat_interleave(group, dim=-1)
 
 
-def uses_packed_kernel(x: torch.Tensor) -> bool:
+def uses_packed_kernel(x: torch.Tensor, max_rows: int) -> bool:
     """Whether the packed kernel multiplies x [rows, in] (else the dense copy does)."""
-    return x.device.type == "cpu" and x.dtype in PACKED_DTYPES and x.shape[0] <= SMALL_BATCH_ROWS
+    return x.device.type == "cpu" and x.dtype in PACKED_DTYPES and x.shape[0] <= max_rows
 
 
 # One set of operators per copy of the package (see packed_linear.py).
@@ -100,7 +105,7 @@ def int4_linear(
     x: torch.Tensor, packed: torch.Tensor, scale_and_zero: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x [rows, in] @ w.T + bias -> [rows, out]: the packed 4-bit kernel or the dense copy `dense` [out, in]."""
-    if not uses_packed_kernel(x):
+    if not uses_packed_kernel(x, SMALL_BATCH_ROWS):
         return F.linear(x, dense, bias)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scale_and_zero.to(x.dtype))
     return out if bias is None else out + bias
@@ -117,13 +122,13 @@ def int8_linear(
 ) -> torch.Tensor:
     """x [rows, in] @ w.T + bias -> [rows, out]: the int8 kernel once per group of codes [groups, out, group]
     (scales [groups, out]), the partial products summed in fp32; or the dense copy `dense` [out, in]."""
-    if not uses_packed_kernel(x):
+    groups, _, group = codes.shape
+    if not uses_packed_kernel(x, SMALL_BATCH_ROWS if groups == 1 else min(SMALL_BATCH_ROWS, GROUPED_INT8_ROWS)):
         return F.linear(x, dense, bias)
     scales = scales.to(x.dtype)
-    group = codes.shape[-1]
     out = sum(
         torch.ops.aten._weight_int8pack_mm(x[:, g * group : (g + 1) * group].contiguous(), codes[g], scales[g]).float()
-        for g in range(codes.shape[0])
+        for g in range(groups)
     )
     out = out.to(x.dtype)
     return out if bias is None else out + bias
@@ -161,7 +166,8 @@ class Int4Linear(nn.Module):
         # The kernel's layout and its formula w = (code - 8) * scale + zero
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.int(), 1))
         zeros = minimums + (8 - self.offset) * weight.scales
-        self.register_buffer("scale_and_zero", torch.stack([weight.scales, zeros], -1).transpose(0, 1).to(dtype))
+        scale_and_zero = torch.stack([weight.scales.T, zeros.T], -1).to(dtype).contiguous()
+        self.register_buffer("scale_and_zero", scale_and_zero)  # [in / 32, out, 2] in the compute dtype
         self.register_buffer("dense", self.dequantize().to(dtype))  # [out, in] in the compute dtype
 
     def dequantize(self) -> torch.Tensor:
