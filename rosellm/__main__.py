@@ -15,6 +15,8 @@ import torch
 
 from . import attention_backend, loader
 from .chat_template import chat_prompt
+from .engine_config import QUANTIZATIONS
+from .quantization import check_options
 
 DEMO_QUESTIONS = [
     "What is the capital of France?",
@@ -102,6 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
             default=1,
             help="processes that split each layer between them (from chapter 12)",
         )
+        p.add_argument(
+            "--quantization",
+            choices=QUANTIZATIONS,
+            default=None,
+            help="weights in fewer bytes (from chapter 13): gguf runs a .gguf file's own quantized tensors, "
+            "int8 / int4 quantize the weights at load; default: fp32 weights",
+        )
+        p.add_argument(
+            "--dtype",
+            choices=("auto", "float32", "bfloat16"),
+            default="auto",
+            help="compute dtype (from chapter 13); auto: bfloat16 with --quantization on a CPU with native "
+            "bf16, else float32 (bfloat16 on CUDA)",
+        )
     for p in (gen, demo):
         p.add_argument("--max-tokens", type=at_least(1, int), default=128, help="most tokens to generate")
         p.add_argument("--temperature", type=at_least(0, float), default=0.0, help="sampling temperature; 0 is greedy")
@@ -166,6 +182,17 @@ def check_attention_backend(name: str | None, device: str) -> None:
             raise BadOption(f"--attention-backend triton: {error}") from None
 
 
+def check_quantization(args) -> None:
+    """--quantization and --dtype, checked as the engine checks them (the model's header only is read)."""
+    if args.quantization is not None and args.tensor_parallel_size > 1:
+        raise BadOption("--quantization: quantized layers run in one process (not with --tensor-parallel-size)")
+    try:
+        check_options(args.model, args.device, args.dtype, args.quantization)
+    except ValueError as error:
+        option = "--quantization" if args.quantization else "--dtype"
+        raise BadOption(f"{option} {args.quantization or args.dtype}: {error}") from None
+
+
 def engine_package(args):
     """The package to run: this one, or the checkpoint `--chapter` names."""
     if args.chapter is None:
@@ -187,6 +214,11 @@ def engine_package(args):
             f"--tensor-parallel-size: chapter {chosen.number:02d} runs in one process "
             "(tensor parallelism arrives in chapter 12)"
         )
+    if (args.quantization is not None or args.dtype != "auto") and "quantization" not in chosen.capabilities:
+        raise BadOption(
+            f"--quantization, --dtype: chapter {chosen.number:02d} runs fp32 weights "
+            "(quantization arrives in chapter 13)"
+        )
     if args.attention_backend is not None and "triton_kernels" not in chosen.capabilities:
         raise BadOption(
             f"--attention-backend: chapter {chosen.number:02d} has a single attention path "
@@ -204,22 +236,28 @@ def engine_options(args) -> dict:
         options["enforce_eager"] = True
     if args.tensor_parallel_size > 1:
         options["tensor_parallel_size"] = args.tensor_parallel_size
+    if args.quantization is not None:
+        options["quantization"] = args.quantization
+    if args.dtype != "auto":
+        options["dtype"] = args.dtype
     return options
 
 
 # --- loading, with word of the one slow first run ---------------------------------------------------------
 
 
-def needs_conversion(source: Path) -> bool:
-    """Whether loading `source` converts a GGUF file first: the loader caches the conversion."""
-    return source.is_file() and not (loader.gguf_cache_folder(source) / "model.safetensors").is_file()
+def needs_conversion(source: Path, quantization: str | None = None) -> bool:
+    """Whether loading `source` converts a GGUF file first (the loader caches the conversion); a GGUF file
+    run as it is (--quantization gguf) is never converted."""
+    converted = (loader.gguf_cache_folder(source) / "model.safetensors").is_file()
+    return source.is_file() and not converted and quantization != "gguf"
 
 
 def load_llm(package, model: str | None, source: Path, options: dict):
     """`package.LLM(model, **options)`, telling stderr what takes time while it happens."""
     what = (
         f"converting {source.name} to a cached Hugging Face folder (first run only, ~20 s)"
-        if needs_conversion(source)
+        if needs_conversion(source, options.get("quantization"))
         else f"loading {source.name} on {options['device']}"
     )
     done = threading.Event()
@@ -292,6 +330,7 @@ def serve(parser: argparse.ArgumentParser, args) -> None:
         source = model_source(args.model)
         check_device(args.device)
         check_attention_backend(args.attention_backend, args.device)
+        check_quantization(args)
         try:
             sock = api_server.listening_socket(args.host, args.port)
         except OSError as error:
@@ -322,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         check_device(args.device)
         check_attention_backend(args.attention_backend, args.device)
         package = engine_package(args)
+        check_quantization(args)
     except BadOption as error:
         parser.exit(2, f"rosellm {args.command}: error: {error}\n")
     try:

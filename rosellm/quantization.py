@@ -19,9 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import loader
+from . import cpu_features, loader
 from .config import ModelConfig
-from .cpu_features import cpu_has_bf16
 from .engine_config import QUANTIZATIONS
 from .model import LlamaForCausalLM
 from .quantized_linear import GROUP, Int8Linear, QuantizedEmbedding, QuantizedWeight, quantized_linear
@@ -38,7 +37,7 @@ def compute_dtype(dtype, quantization: str | None, device) -> torch.dtype:
     """The dtype activations, the KV cache and dense weights run in (see the module docstring)."""
     on_cuda = torch.device(device).type == "cuda"
     if dtype is None or dtype == "auto":
-        if on_cuda or (quantization is not None and cpu_has_bf16()):
+        if on_cuda or (quantization is not None and cpu_features.cpu_has_bf16()):
             return torch.bfloat16
         return torch.float32
     if isinstance(dtype, str):
@@ -47,7 +46,7 @@ def compute_dtype(dtype, quantization: str | None, device) -> torch.dtype:
         dtype = DTYPES[dtype]
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)} or a torch.dtype; got {dtype!r}")
-    if dtype == torch.bfloat16 and not on_cuda and not cpu_has_bf16():
+    if dtype == torch.bfloat16 and not on_cuda and not cpu_features.cpu_has_bf16():
         raise ValueError("dtype bfloat16 needs a CPU with native bf16 (AVX-512 BF16 or AMX); this one has neither")
     return dtype
 
