@@ -216,8 +216,7 @@ def engine_package(args):
         )
     if (args.quantization is not None or args.dtype != "auto") and "quantization" not in chosen.capabilities:
         raise BadOption(
-            f"--quantization, --dtype: chapter {chosen.number:02d} runs fp32 weights "
-            "(quantization arrives in chapter 13)"
+            f"--quantization, --dtype: chapter {chosen.number:02d} has neither (quantization arrives in chapter 13)"
         )
     if args.attention_backend is not None and "triton_kernels" not in chosen.capabilities:
         raise BadOption(
