@@ -86,5 +86,7 @@ def attention(
 
 
 @attention.register_fake
-def _(query, key, value, keys, values, layer, slot_mapping, query_start_loc, query_lens, seq_lens, block_tables, backend):
+def _(
+    query, key, value, keys, values, layer, slot_mapping, query_start_loc, query_lens, seq_lens, block_tables, backend
+):
     return torch.empty_like(query)
