@@ -233,13 +233,13 @@ class LlamaForCausalLM(nn.Module):
 
 
 def mark_dynamic_sizes(input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool) -> None:
-    """The sizes a compiled forward must not be specialized on: the token count, the batch, the table
-    width and the pool's blocks. torch.compile still specializes a size of 1 (one token, one sequence), so
-    a compiled model has three graphs: one decoding sequence, one prompt, and any larger batch."""
+    """The sizes a compiled forward must not be specialized on. The token count is symbolic, but
+    torch.compile specializes a count of 1: one graph for one decoding sequence, one for more tokens. The
+    batch, the table width and the pool's blocks only reach the attention operator, so they are unbacked
+    symbols, which stand for any size, 1 included: one sequence or many share a graph."""
+    for tensor in (input_ids, metadata.positions, metadata.slot_mapping):
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
     for tensor, dims in (
-        (input_ids, (0,)),
-        (metadata.positions, (0,)),
-        (metadata.slot_mapping, (0,)),
         (metadata.query_start_loc, (0,)),
         (metadata.query_lens, (0,)),
         (metadata.seq_lens, (0,)),
@@ -248,4 +248,4 @@ def mark_dynamic_sizes(input_ids: torch.Tensor, metadata: AttentionMetadata, kv_
         (kv_pool.values, (1,)),
     ):
         for dim in dims:
-            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+            torch._dynamo.decorators.mark_unbacked(tensor, dim)

@@ -53,8 +53,8 @@ class ModelRunner:
             self.warm_up()
 
     # (new tokens, full blocks cached before them) of each row of a warm-up forward: one decoding sequence,
-    # a prompt, and larger batches, so that the three graphs of the step (torch.compile specializes one
-    # token and one sequence) and the "cpu" backend's decode kernel for batch and table width 1 or more are
+    # a prompt, and larger batches, so that the two graphs of the step (one token, more: see
+    # `mark_dynamic_sizes`) and the "cpu" backend's decode kernel for batch and table width 1 or more are
     # compiled before the first request
     WARM_UP_BATCHES = (
         ((1, 0),),

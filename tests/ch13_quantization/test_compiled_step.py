@@ -71,14 +71,14 @@ def test_compiled_step_equals_eager_reference(checkpoint, tiny_model_dirs, block
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_the_step_compiles_at_start_and_never_again(checkpoint, tiny_model_dirs, batch):
-    """One graph per shape of the step (one decoding sequence, one prompt, larger batches) and the "cpu"
-    backend's decode kernel, all at start, without a graph break; then sequences that grow over many blocks,
+    """One graph per shape of the step (one token, more) and the "cpu" backend's decode kernel, all at
+    start, without a graph break; then sequences that grow over many blocks,
     one at a time or three together, compile nothing more."""
     torch._dynamo.reset()  # count this engine's compilations from zero
     counters.clear()
     llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), block_size=4, max_num_batched_tokens=32, max_num_seqs=batch)
     at_start = compiled_graphs()
-    assert 3 <= at_start <= 7, at_start
+    assert 2 <= at_start <= 6, at_start
     assert not counters["graph_break"], dict(counters["graph_break"])
     prompts = [prompt(i, 5 + 11 * i) for i in range(batch)]
     params = [checkpoint.SamplingParams(temperature=0, max_tokens=30 + 4 * i, ignore_eos=True) for i in range(batch)]
