@@ -5,9 +5,9 @@ Module and parameter names mirror Hugging Face's `LlamaForCausalLM`, except two 
 and V are one `qkv_proj` and gate and up one `gate_up_proj` (one GEMM each instead of three and two); the
 loader concatenates the Hugging Face weights (`fuse_projections`).
 
-Each decoder layer is two pieces around its attention: `attention_inputs` (norm, QKV, rotary) and
-`attention_outputs` (output projection, residual, norm, MLP, residual). `compile_layers()` hands both to
-`torch.compile`; attention, which reads the KV pool through block tables, stays with its backend.
+`compile_step()` hands the whole forward of `LlamaModel` (embedding, every layer, final norm) to
+`torch.compile` as one graph: attention, which reads the KV pool through block tables, is a custom operator
+in it (`attention_op.py`) that runs its backend's Python outside the compiled code.
 
 With tensor parallelism each process holds one rank's slice (fewer heads, a narrower MLP: its config says
 how many) and the two row-parallel projections, `o_proj` and `down_proj`, are followed by an all-reduce.
@@ -18,8 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.profiler import record_function
 
+from . import attention_op
 from .attention_backend import REFERENCE_BACKEND
 from .attention_metadata import AttentionMetadata
 from .config import ModelConfig
@@ -100,6 +100,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=bias)  # rows: Q, then K, then V
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.backend = REFERENCE_BACKEND  # whose store_kv and paged_attention run (attention_backend.py)
+        attention_op.register_backend(self.backend)
 
     def project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -113,12 +114,30 @@ class Attention(nn.Module):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        metadata: AttentionMetadata,
+        kv_pool: KVPool,
     ) -> torch.Tensor:
-        """Store the new keys and values, attend over the cache: -> [num_tokens, heads, head_dim]."""
-        key_cache, value_cache = kv_pool.layer(self.layer_index)
-        self.backend.store_kv(k, v, key_cache, value_cache, metadata.slot_mapping)  # write through the slot mapping
-        return self.backend.paged_attention(q, key_cache, value_cache, metadata)  # read through the block tables
+        """Store the new keys and values in this layer's caches, attend over them: -> [num_tokens, heads,
+        head_dim]. One custom operator, run by the backend named in it (inside
+        `attention_op.forward_context(metadata)`)."""
+        return attention_op.attention(
+            q,
+            k,
+            v,
+            kv_pool.keys,
+            kv_pool.values,
+            self.layer_index,
+            metadata.slot_mapping,
+            metadata.query_start_loc,
+            metadata.query_lens,
+            metadata.seq_lens,
+            metadata.block_tables,
+            self.backend.name,
+        )
 
 
 class MLP(nn.Module):
@@ -143,14 +162,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def attention_inputs(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The residual stream x [num_tokens, hidden] -> rotated q, k and v."""
-        return self.self_attn.project(self.input_layernorm(x), cos, sin)
-
-    def attention_outputs(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """x [num_tokens, hidden] and the attention's output [num_tokens, heads, head_dim] -> the next x."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        metadata: AttentionMetadata,
+        kv_pool: KVPool,
+    ) -> torch.Tensor:
+        """The residual stream x [num_tokens, hidden] -> the next x; the new keys and values go into this
+        layer's part of the pool."""
+        q, k, v = self.self_attn.project(self.input_layernorm(x), cos, sin)
+        attended = self.self_attn.attend(q, k, v, metadata, kv_pool)
         x = x + all_reduce(self.self_attn.o_proj(attended.flatten(1)))
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -164,24 +187,13 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
-        self.attention_inputs = DecoderLayer.attention_inputs  # compile_layers() swaps in compiled versions
-        self.attention_outputs = DecoderLayer.attention_outputs
-
-    def compile_layers(self) -> None:
-        """Compile the two pieces of a decoder layer once for every layer (a layer's weights are inputs of
-        the graph, not constants) and for every token count (dynamic shapes)."""
-        self.attention_inputs = torch.compile(DecoderLayer.attention_inputs, dynamic=True)
-        self.attention_outputs = torch.compile(DecoderLayer.attention_outputs, dynamic=True)
 
     def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool) -> torch.Tensor:
         # input_ids: [num_tokens] (every sequence's new tokens, end to end) -> [num_tokens, hidden]
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(metadata.positions)
         for layer in self.layers:
-            q, k, v = self.attention_inputs(layer, x, cos, sin)
-            with record_function("rosellm.attention"):  # a label for torch.profiler (benchmarks' profile)
-                attended = layer.self_attn.attend(q, k, v, metadata, kv_pool)
-            x = self.attention_outputs(layer, x, attended)
+            x = layer(x, cos, sin, metadata, kv_pool)
         return self.norm(x)
 
 
@@ -194,21 +206,47 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.compiled = False  # compile_step() sets it
 
     def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of the new tokens. Their keys and values are stored in
         `kv_pool` at `metadata.slot_mapping`, and each attends to its sequence's cached tokens, read
         through `metadata.block_tables`."""
-        return self.model(input_ids, metadata, kv_pool)
+        if self.compiled:
+            mark_dynamic_sizes(input_ids, metadata, kv_pool)
+        with attention_op.forward_context(metadata):
+            return self.model(input_ids, metadata, kv_pool)
 
-    def compile_layers(self) -> None:
-        """Hand each decoder layer's two pieces around its attention to torch.compile."""
-        self.model.compile_layers()
+    def compile_step(self) -> None:
+        """Compile `LlamaModel.forward` as one graph (its sizes that vary from step to step are symbolic,
+        see `mark_dynamic_sizes`)."""
+        self.model.compile(dynamic=False)
+        self.compiled = True
 
     def set_attention_backend(self, backend) -> None:
+        attention_op.register_backend(backend)
         for layer in self.model.layers:
             layer.self_attn.backend = backend
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab_size] in fp32."""
         return self.lm_head(hidden).float()
+
+
+def mark_dynamic_sizes(input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool) -> None:
+    """The sizes a compiled forward must not be specialized on. The token count is symbolic, but
+    torch.compile specializes a count of 1: one graph for one decoding sequence, one for more tokens. The
+    batch, the table width and the pool's blocks only reach the attention operator, so they are unbacked
+    symbols, which stand for any size, 1 included: one sequence or many share a graph."""
+    for tensor in (input_ids, metadata.positions, metadata.slot_mapping):
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+    for tensor, dims in (
+        (metadata.query_start_loc, (0,)),
+        (metadata.query_lens, (0,)),
+        (metadata.seq_lens, (0,)),
+        (metadata.block_tables, (0, 1)),
+        (kv_pool.keys, (1,)),
+        (kv_pool.values, (1,)),
+    ):
+        for dim in dims:
+            torch._dynamo.decorators.mark_unbacked(tensor, dim)

@@ -38,7 +38,7 @@ class ModelRunner:
         self.model.set_attention_backend(self.attention_backend)
         packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
         if not enforce_eager:
-            self.model.compile_layers()
+            self.model.compile_step()
         self.config = self.model.config
         self.dtype = self.model.dtype  # a quantized LM head holds integer codes
         self.kv_pool: KVPool | None = None
@@ -54,26 +54,36 @@ class ModelRunner:
         if not self.enforce_eager:
             self.warm_up()
 
-    # (decoding sequences, blocks each): batch and table width 1 or more than 1 (torch.compile specializes
-    # sizes 0 and 1 and makes the others symbolic), so that every graph is compiled before the first request
-    WARM_UP_SHAPES = ((2, 2), (1, 1), (1, 2), (2, 1))
+    # (new tokens, full blocks cached before them) of each row of a warm-up forward: one decoding sequence,
+    # a prompt, and larger batches, so that the two graphs of the step (one token, more: see
+    # `mark_dynamic_sizes`) and the "cpu" backend's decode kernel for batch and table width 1 or more are
+    # compiled before the first request
+    WARM_UP_BATCHES = (
+        ((1, 0),),
+        ((1, 1),),
+        ((3, 0),),
+        ((1, 1), (1, 1), (3, 0)),
+        ((1, 0), (1, 0)),
+    )
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """Compile now: run one decode forward per shape of WARM_UP_SHAPES on block 0, storing nothing
-        (slot -1), so that no request ever waits for torch.compile."""
+        """Compile now: run one forward per batch of WARM_UP_BATCHES on block 0, storing nothing (slot -1).
+        Sizes that happen to be equal in one of these forwards must not be compiled as equal (duck shaping
+        off)."""
         block_size = self.kv_pool.block_size
-        for batch, blocks in self.WARM_UP_SHAPES:
-            if blocks > self.max_blocks_per_seq:
-                continue
-            tables = torch.full((batch, self.max_blocks_per_seq), -1, dtype=torch.int32)
-            tables[:, :blocks] = 0
-            seq_len = (blocks - 1) * block_size + 1
-            metadata = AttentionMetadata.build([1] * batch, [seq_len] * batch, tables, block_size, self.device)
-            metadata.slot_mapping.fill_(-1)
-            metadata.plan = self.attention_backend.plan(metadata, block_size)
-            hidden = self.model(torch.zeros(batch, dtype=torch.long, device=self.device), metadata, self.kv_pool)
-            self.model.compute_logits(hidden)
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            for rows in self.WARM_UP_BATCHES:
+                new_lens = [new for new, _ in rows]
+                seq_lens = [cached * block_size + new for new, cached in rows]
+                if blocks_for(max(seq_lens), block_size) > self.max_blocks_per_seq:
+                    continue
+                tables = torch.zeros((len(rows), self.max_blocks_per_seq), dtype=torch.int32)
+                metadata = AttentionMetadata.build(new_lens, seq_lens, tables, block_size, self.device)
+                metadata.slot_mapping.fill_(-1)
+                metadata.plan = self.attention_backend.plan(metadata, block_size)
+                input_ids = torch.zeros(sum(new_lens), dtype=torch.long, device=self.device)
+                self.model.compute_logits(self.model(input_ids, metadata, self.kv_pool))
 
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
