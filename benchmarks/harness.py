@@ -253,8 +253,12 @@ def run_process(argv: list[str], spec: dict, label: str, env: dict | None = None
 
 def run_engine(task: str, spec: dict, label: str) -> dict:
     """One of `benchmarks.engines`' tasks, with this Python."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return run_process([sys.executable, "-m", "benchmarks.engines", task], spec, label, env)
+    return run_process([sys.executable, "-m", "benchmarks.engines", task], spec, label, python_environment())
+
+
+def python_environment() -> dict:
+    """This process's environment, the repository first on the import path of the processes it starts."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
 def check_against(reference: dict, tokens: list | dict) -> dict:

@@ -100,7 +100,7 @@ def kv_blocks(requests: list, block_size: int) -> int:
 def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="float32", rates=None, variants=()) -> dict:
     """Every engine on the same requests, the machine's rates measured before and after; rosellm once in each of
     `variants` (`benchmarks.variants`; none: once, in `dtype`), the first the row named "rosellm"."""
-    rates = rates or (lambda: harness.measure_rates(args.quick))
+    rates = rates or (lambda: harness.measure_rates(args.quick, dtype=dtype))  # the GEMM rate in the dtype run
     before, config = rates(), harness.model_config(args.model)
     params, vocab = harness.parameter_counts(config), config.vocab_size
     requests = harness.random_requests(s["requests"], s["prompt_len"], s["max_tokens"], vocab, s["seed"])
