@@ -147,7 +147,9 @@ def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="flo
         limits = {key: options[key] for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
         spec = dict(threads=args.threads, requests=requests, warmup=warmup, reference=reference, options=limits)
         runs[peer.name] = peers.run_peer(peer, spec, args.model, dtype)
-        runs[peer.name] |= dict(weights="gguf" if peer.weights == "file" else peer.dtype or dtype)
+        runs[peer.name] |= dict(
+            weights="gguf" if peer.weights == "file" else peer.dtype or dtype, exact=peer.exact(dtype)
+        )
         runs[peer.name] |= {"baseline": peer.home} if peer.home and peer.home in runs else {}
     roof = harness.rooflines([before, rates()], params, 4 if dtype == "float32" else 2)
     if "hf-generate" not in engines:
