@@ -133,7 +133,7 @@ def test_latency_cpu_quick(tiny_gqa, tmp_path):
     assert engines["rosellm"]["decode_ratio_vs_transformers"] > 0 and result["all_tokens_identical"] is True
 
 
-@pytest.mark.workload("latency-cpu")
+@pytest.mark.workload("latency-cpu", "perplexity")  # the formats are chapter 13's
 def test_latency_cpu_quick_runs_each_weight_format(tiny_gqa, tmp_path):
     """rosellm once per format: the bf16 and quantized rows read fewer bytes and record their agreement with the
     fp32 row; "gguf" on a model that is not a GGUF file is an error row, and the run goes on."""
@@ -173,6 +173,7 @@ def test_offline_cpu_quick_in_bfloat16(tiny_gqa, tmp_path):
     assert engines["vllm"]["check"]["passed"] is False  # timed all the same
 
 
+@pytest.mark.workload("offline-cpu")
 def test_the_bf16_result_has_a_file_of_its_own():
     from argparse import Namespace
 
@@ -234,6 +235,7 @@ def quant_kernels_module():
     return importlib.import_module("benchmarks.quant_kernels")
 
 
+@pytest.mark.workload("quant-kernels")
 def test_a_step_time_and_the_crossover_from_made_up_timings():
     qk = quant_kernels_module()
     shapes = [dict(name="a", per_step=3), dict(name="head", per_step=1)]
@@ -265,6 +267,7 @@ def test_agreement_with_a_baseline():
     ]  # a shorter answer differs where it ends
 
 
+@pytest.mark.model  # SmolLM2's config and its GGUF file
 def test_bytes_of_weights_per_token_of_each_format():
     from benchmarks import variants
     from rosellm.loader import bundled_model_path
@@ -281,6 +284,7 @@ def test_bytes_of_weights_per_token_of_each_format():
     assert int4 < gguf < int8
 
 
+@pytest.mark.workload("perplexity")  # chapter 13 runs them all
 def test_variants_are_chosen_by_what_the_checkpoint_can_do():
     from benchmarks import variants
 
