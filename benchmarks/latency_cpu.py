@@ -64,8 +64,8 @@ def at_batch_1(body: dict, s: dict, model: str | None) -> dict:
     for e in body["engines"]:
         e["label"] = labels.get(e["engine"], e["label"])
     for e in rows:
-        compute = e.get("compute_dtype") or ("bfloat16" if e["weights"] == "bf16" else body["dtype"])
-        e["weight_bytes_per_token"] = variants.bytes_per_token(e["weights"], c, compute, gguf_file(model))
+        form = variants.read_format(e["weights"], e["compute_dtype"]) if "compute_dtype" in e else e["weights"]
+        e["weight_bytes_per_token"] = variants.bytes_per_token(form, c, gguf_file(model))
         e["weight_mb_per_token"] = round(e["weight_bytes_per_token"] / 1e6, 1)
         e["bandwidth_roofline_tokens_per_s"] = round(bandwidth / e["weight_bytes_per_token"], 2)
         e["same_tokens_as_fp32"] = (e.get("agreement_with_fp32") or {}).get("equal_token_share")

@@ -150,7 +150,7 @@ def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="flo
         runs[peer.name] |= dict(
             weights="gguf" if peer.weights == "file" else peer.dtype or dtype, exact=peer.exact(dtype)
         )
-        runs[peer.name] |= {"baseline": peer.home} if peer.home and peer.home in runs else {}
+        runs[peer.name] |= {"baseline": peer.home} if peer.home else {}
     roof = harness.rooflines([before, rates()], params, 4 if dtype == "float32" else 2)
     if "hf-generate" not in engines:
         del runs["hf-generate"]

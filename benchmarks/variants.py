@@ -35,9 +35,9 @@ BYTES = (
     "bytes of weights read per token at batch 1: every weight of the decoder layers and of the LM head once (the "
     "embedding is a lookup), in the format the batch-1 kernel reads: 4 bytes a weight in fp32, 2 in bf16; int8 1 "
     "byte plus a bf16 scale per output channel; int4 half a byte plus a bf16 scale and minimum per group of 32; a "
-    "GGUF's tensors (rosellm's gguf rows, llama.cpp's Q4_1 row) their size in the file. A quantized layer computes "
-    "through its packed kernel only with bf16 activations: with fp32 compute it multiplies a dense fp32 copy of its "
-    "weights, and reads 4 bytes a weight."
+    "GGUF's tensors (rosellm's gguf rows, llama.cpp's Q4_1 row) their size in the file; norms in fp32 (bf16 in "
+    "bf16). rosellm's quantized layers run their packed kernels only with bf16 activations: with fp32 compute they "
+    "multiply a dense fp32 copy of their weights, and read 4 bytes a weight."
 )
 
 
@@ -78,20 +78,26 @@ def gguf_bytes(path: Path) -> int:
     return sum(n for name, n in tensors.items() if name.startswith("blk.")) + tensors["output_norm.weight"] + head
 
 
-def bytes_per_token(form: str, config, compute_dtype: str = "float32", model: Path | None = None) -> int:
-    """Bytes of weights a batch-1 token reads in weight format `form` (a variant's name, "float32" and
-    "bfloat16" for dense weights, "gguf" for a GGUF file's own tensors) with activations in `compute_dtype`."""
+def bytes_per_token(form: str, config, model: Path | None = None) -> int:
+    """Bytes of weights a batch-1 token reads in weight format `form`: a variant's name, "float32" or "bfloat16"
+    for dense weights, "gguf" for the tensors of the GGUF file `model` as they are. Norms count in fp32 (in bf16
+    for "bf16")."""
     weights = sum(n * out * inp for n, out, inp in matrices(config))
     channels = sum(n * out for n, out, _ in matrices(config))
-    compute = 2 if compute_dtype == "bfloat16" else 4
-    if form in ("fp32", "float32") or (form in ("int8", "int4", "gguf") and compute == 4):
+    if form in ("fp32", "float32"):
         return 4 * (weights + norm_weights(config))
     if form in ("bf16", "bfloat16"):
         return 2 * (weights + norm_weights(config))
     if form == "int8":
-        return weights + 2 * channels + compute * norm_weights(config)
+        return weights + 2 * channels + 4 * norm_weights(config)
     if form == "int4":
-        return weights // 2 + 4 * (weights // 32) + compute * norm_weights(config)
+        return weights // 2 + 4 * (weights // 32) + 4 * norm_weights(config)
     if form == "gguf":
         return gguf_bytes(model)
     raise ValueError(f"unknown weight format {form!r}")
+
+
+def read_format(form: str, compute_dtype: str) -> str:
+    """The format rosellm's batch-1 kernels read for weights stored in `form`: a quantized layer with fp32
+    activations multiplies its dense fp32 copy."""
+    return "float32" if form in ("int8", "int4", "gguf") and compute_dtype == "float32" else form

@@ -275,10 +275,11 @@ def test_bytes_of_weights_per_token_of_each_format():
     config = harness.model_config(None)
     fp32 = variants.bytes_per_token("fp32", config)
     assert fp32 == 4 * harness.parameter_counts(config)["roofline"]
-    assert variants.bytes_per_token("bf16", config, "bfloat16") == fp32 // 2
-    assert variants.bytes_per_token("int4", config, "float32") == fp32  # fp32 compute multiplies the dense copy
-    int8, int4 = (variants.bytes_per_token(form, config, "bfloat16") for form in ("int8", "int4"))
-    gguf = variants.bytes_per_token("gguf", config, "bfloat16", bundled_model_path())
+    assert variants.bytes_per_token("bf16", config) == fp32 // 2
+    assert variants.read_format("int4", "float32") == "float32"  # fp32 compute multiplies the dense copy
+    assert variants.read_format("int4", "bfloat16") == "int4" and variants.read_format("bf16", "bfloat16") == "bf16"
+    int8, int4 = (variants.bytes_per_token(form, config) for form in ("int8", "int4"))
+    gguf = variants.bytes_per_token("gguf", config, bundled_model_path())
     assert fp32 / 4 < int8 < fp32 / 3.9 and int4 == pytest.approx(fp32 * 0.625 / 4, rel=0.01)
     # the bundled file: Q4_1 layers (5 bits a weight), the tied Q8_0 head (8.5 bits) read as the LM head
     assert int4 < gguf < int8
