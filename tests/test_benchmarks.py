@@ -141,7 +141,7 @@ def test_latency_cpu_quick_runs_each_weight_format(tiny_gqa, tmp_path):
         "latency-cpu", tiny_gqa, tmp_path, "--engines", "rosellm", "--variants", "fp32,bf16,int8,int4,gguf"
     )
     engines = {e["engine"]: e for e in result["engines"]}
-    assert list(engines) == ["hf-generate", "rosellm", "rosellm-bf16", "rosellm-int8", "rosellm-int4", "rosellm-gguf"]
+    assert list(engines) == ["rosellm", "rosellm-bf16", "rosellm-int8", "rosellm-int4", "rosellm-gguf"]
     assert "exited with status" in engines.pop("rosellm-gguf")["error"]
     fp32 = engines["rosellm"]
     assert fp32["check"]["passed"] and fp32["label"].endswith("fp32")
