@@ -10,6 +10,7 @@ then every request is submitted at t = 0. Every request is greedy with EOS ignor
                  sample of requests are the reference every engine is checked against
   hf-continuous  transformers' continuous batching (the manager behind `generate_batch`)
   checkpoint     one chapter checkpoint's `LLM.generate`
+  perplexity     rosellm's `LLMEngine` scoring windows of text (`prompt_logits`), then greedy requests
 """
 
 import contextlib
@@ -172,12 +173,38 @@ def task_rosellm(spec: dict) -> dict:
     engine, load_s = load_timed(lambda: rosellm.LLMEngine(model, device, dtype, **options))
     rosellm_run(engine, spec["warmup"], "rosellm warm-up", "warmup-")
     runs = [rosellm_run(engine, spec["requests"], "rosellm", f"r{k}-") for k in range(spec.get("repeats", 1))]
-    result = {"engine": "rosellm", "load_s": load_s, **min(runs, key=lambda r: r["wall_s"])}
+    result = {"engine": "rosellm", "load_s": load_s, "compute_dtype": compute_dtype(engine)}
+    result |= min(runs, key=lambda r: r["wall_s"])
     result["repeat_walls_s"] = [round(r["wall_s"], 3) for r in runs]
     if sweep := spec.get("sweep"):
         result["decode_sweep"] = decode_sweep(engine, sweep["batch_sizes"], sweep["prompt_len"], sweep["steps"])
     if spec.get("profile_every"):
         result["profile"] = profile_run(engine, spec["requests"], spec["profile_every"])
+    return result
+
+
+def compute_dtype(engine) -> str:
+    """The dtype of the engine's activations and KV cache ("float32", "bfloat16")."""
+    return str(engine.model_runner.dtype).removeprefix("torch.")
+
+
+def task_perplexity(spec: dict) -> dict:
+    """rosellm's `LLMEngine` (`spec["module"]`, its dtype and engine options) scoring each window of
+    `spec["windows"]` in one prompt pass: the negative log-likelihood of each token after the first, given the
+    ones before it (summed per window); then, greedy, the requests of `spec["requests"]`, their tokens kept."""
+    rosellm = importlib.import_module(spec["module"])
+    dtype, options = getattr(torch, spec["dtype"]) if spec.get("dtype") else None, spec.get("engine_options", {})
+    engine, load_s = load_timed(lambda: rosellm.LLMEngine(spec.get("model"), "cpu", dtype, **options))
+    sums, start = [], time.perf_counter()
+    for window in tqdm(spec["windows"], desc="perplexity windows", unit="window"):
+        logits = engine.prompt_logits(window).float()  # [window, vocab_size]
+        targets = torch.tensor(window[1:])  # [window - 1]
+        sums.append(torch.nn.functional.cross_entropy(logits[:-1], targets, reduction="sum").item())
+    scored_s = round(time.perf_counter() - start, 2)
+    result = dict(engine="rosellm", load_s=load_s, compute_dtype=compute_dtype(engine), nll_sums=sums)
+    result |= dict(scored_tokens=[len(w) - 1 for w in spec["windows"]], scoring_s=scored_s)
+    if spec.get("requests"):
+        result["tokens"] = rosellm_run(engine, spec["requests"], "rosellm greedy", "g-")["tokens"]
     return result
 
 
@@ -323,7 +350,7 @@ def task_checkpoint(spec: dict) -> dict:
     return result | {"tokens": [list(o.token_ids) for o in outputs], "memory": memory}
 
 
-TASKS = {"rosellm": task_rosellm, "checkpoint": task_checkpoint}
+TASKS = {"rosellm": task_rosellm, "checkpoint": task_checkpoint, "perplexity": task_perplexity}
 TASKS |= {"hf-generate": task_hf_generate, "hf-continuous": task_hf_continuous}
 
 

@@ -165,10 +165,28 @@ def describe_machine(device: str = "cpu", threads: int | None = None) -> dict:
         line.split(":")[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in line
     ]
     info = dict(cpu=(models or [platform.processor()])[0], cpu_cores=os.cpu_count(), device=device)
+    info |= dict(cpu_flags=cpu_flags())
     info |= dict(cpu_cores_usable=len(os.sched_getaffinity(0)), platform=platform.platform(), torch=torch.__version__)
     info |= dict(python=platform.python_version(), torch_threads=torch.get_num_threads())
     info |= dict(load_average_1min=round(os.getloadavg()[0], 2), cuda_available=torch.cuda.is_available())
     return info | ({"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {})
+
+
+CPU_FLAGS = {  # what /proc/cpuinfo (and lscpu) calls the vector and matrix extensions the kernels may use
+    "avx2": "avx2",
+    "avx512": "avx512f",
+    "avx512_bf16": "avx512_bf16",
+    "avx512_vnni": "avx512_vnni",
+    "amx": "amx_tile",
+}
+
+
+def cpu_flags() -> dict[str, bool]:
+    """Which of `CPU_FLAGS` the CPU has (all False where /proc/cpuinfo is not there)."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+    return {name: flag in flags for name, flag in CPU_FLAGS.items()}
 
 
 def measure_rates(quick: bool, device: str = "cpu", dtype: str = "float32", n: int = 0, mib: int = 0) -> dict:
@@ -235,8 +253,12 @@ def run_process(argv: list[str], spec: dict, label: str, env: dict | None = None
 
 def run_engine(task: str, spec: dict, label: str) -> dict:
     """One of `benchmarks.engines`' tasks, with this Python."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return run_process([sys.executable, "-m", "benchmarks.engines", task], spec, label, env)
+    return run_process([sys.executable, "-m", "benchmarks.engines", task], spec, label, python_environment())
+
+
+def python_environment() -> dict:
+    """This process's environment, the repository first on the import path of the processes it starts."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
 def check_against(reference: dict, tokens: list | dict) -> dict:
@@ -252,6 +274,27 @@ def check_against(reference: dict, tokens: list | dict) -> dict:
     tokens_each = max((len(v) for v in reference.values()), default=0)
     passed = bool(reference) and not mismatches
     return dict(requests=len(reference), tokens_each=tokens_each, passed=passed, mismatches=mismatches)
+
+
+def agreement(tokens: list[list[int]], baseline: list[list[int]], after: tuple = (1, 4, 16, 64)) -> dict:
+    """How far an engine's greedy tokens follow a baseline's on the same requests: the share of generated
+    tokens equal to the baseline's at the same position, the requests identical throughout, and, for each k
+    in `after`, the share of requests whose first k tokens all equal the baseline's (whose first difference,
+    if any, comes at token k + 1 or later; a request shorter than k counts when it is identical). Once two
+    greedy runs differ, each continues its own text: later tokens rarely match, so the first difference is
+    the measure that says most."""
+    first, equal, total = [], 0, 0
+    for got, want in zip(tokens, baseline):
+        got, want = got or [], want or []
+        equal += sum(a == b for a, b in zip(got, want))
+        total += len(want)
+        differ = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        first.append(differ if differ is not None or len(got) == len(want) else min(len(got), len(want)))
+    n = len(first)
+    shares = {str(k): round(sum(d is None or d >= k for d in first) / n, 4) if n else None for k in after}
+    out = dict(requests=n, equal_token_share=round(equal / total, 4) if total else None)
+    out |= dict(identical_requests=sum(d is None for d in first), first_difference_at=first)
+    return out | dict(share_identical_for_first_k_tokens=shares)
 
 
 # --- results: statistics, files, tables, figures -----------------------------------------------------------

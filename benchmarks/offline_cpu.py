@@ -2,15 +2,17 @@
 instead.
 
 64 requests of random prompt token ids, prompt lengths uniform in [32, 512], max_tokens uniform in [32, 256],
-greedy, EOS ignored, seed 0, SmolLM2-135M in fp32. The same requests, all submitted at t = 0, go to rosellm's
-`LLMEngine` (the latest checkpoint, or the one `--checkpoint` names), transformers `generate` (static batches
-of 16, left-padded: only each request's own max_tokens count as useful output), transformers' continuous batching
-and, with `--peers vllm,llamacpp`, vLLM's CPU build and llama.cpp (see `benchmarks.peers`). Each engine runs in a
-process of its own; transformers' greedy tokens for a sample of requests, one request at a time, are the
-reference every engine is checked against (a peer before it is timed). The machine's GEMM rate and memory
-bandwidth are measured before and after. latency-cpu and offline-gpu run through the same engines and table.
+greedy, EOS ignored, seed 0, SmolLM2-135M in fp32 (`--dtype bfloat16`: every engine in bf16). The same requests, all
+submitted at t = 0, go to rosellm's `LLMEngine` (the latest checkpoint, or the one `--checkpoint` names),
+transformers `generate` (static batches of 16, left-padded: only each request's own max_tokens count as useful
+output), transformers' continuous batching and, with `--peers vllm,llamacpp`, vLLM's CPU build and llama.cpp (see
+`benchmarks.peers`). Each engine runs in a process of its own; transformers' greedy tokens for a sample of requests,
+one request at a time, are the reference every engine is checked against (a peer before it is timed). The machine's
+GEMM rate and memory bandwidth are measured before and after. latency-cpu and offline-gpu run through the same
+engines and table. In bf16 the greedy tokens are compared, not required to be equal: rounding flips near ties
+between tokens.
 
-    python -m benchmarks offline-cpu [--checkpoint 11] [--peers vllm,llamacpp] [--quick]
+    python -m benchmarks offline-cpu [--checkpoint 11] [--peers vllm,llamacpp] [--dtype bfloat16] [--quick]
 """
 
 import math
@@ -31,6 +33,7 @@ FULL = {
     "max_tokens": [32, 256],
     "seed": 0,
     "repeats": 1,
+    "dtype": "float32",  # or bfloat16: rosellm, transformers and vLLM all in bf16 (results/offline_cpu_bf16.json)
 }
 FULL |= {"static_batch": 16, "max_num_seqs": 64, "max_batch_tokens": 2048}  # the engines' limits
 FULL |= {"check_requests": 4, "check_tokens": 16, "profile_every": 5}
@@ -52,6 +55,8 @@ NOTES = [
     "per second / measured GEMM rate.",
     "Peers: each in its own virtual environment on fp32 weights made from the same GGUF, checked against "
     "transformers' greedy tokens before it is timed; version, settings and load time in 'engines'.",
+    "In bf16 or on quantized weights an engine is timed whatever its greedy tokens: its check is recorded "
+    "(check.required false) and 'agreement_with_fp32' compares its tokens with the same engine's fp32 row.",
 ]
 COLUMNS = {"label": "engine", "output_tokens_per_s": "output tok/s", "rosellm_ratio": "rosellm is x"}
 COLUMNS |= {"share_of_roofline_output": "roofline share", "peak_rss_run_mib": "peak RSS MiB"}
@@ -63,8 +68,13 @@ def add_arguments(parser, engines: str = ",".join(ENGINES)) -> None:
     parser.add_argument("--peers", default="", help=f"also run these peers: {', '.join(peers.PEERS)}")
 
 
+DTYPES = {"float32": "offline_cpu", "bfloat16": "offline_cpu_bf16"}  # -> the result's name
+
+
 def run(args, s: dict) -> dict:
-    return run_workload(args, s, NAME, "offline_cpu", plot, report)
+    if s["dtype"] not in DTYPES:
+        raise SystemExit(f"--dtype {s['dtype']}: choose from {', '.join(DTYPES)}")
+    return run_workload(args, s, NAME, DTYPES[s["dtype"]], plot, report, dtype=s["dtype"])
 
 
 def run_workload(args, s: dict, workload: str, name: str, draw, show, finish=lambda body: body, **device) -> dict:
@@ -87,9 +97,10 @@ def kv_blocks(requests: list, block_size: int) -> int:
     return sum(math.ceil((len(p) + m) / block_size) for p, m in requests)
 
 
-def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="float32", rates=None) -> dict:
-    """Every engine on the same requests, the machine's rates measured before and after."""
-    rates = rates or (lambda: harness.measure_rates(args.quick))
+def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="float32", rates=None, variants=()) -> dict:
+    """Every engine on the same requests, the machine's rates measured before and after; rosellm once in each of
+    `variants` (`benchmarks.variants`; none: once, in `dtype`), the first the row named "rosellm"."""
+    rates = rates or (lambda: harness.measure_rates(args.quick, dtype=dtype))  # the GEMM rate in the dtype run
     before, config = rates(), harness.model_config(args.model)
     params, vocab = harness.parameter_counts(config), config.vocab_size
     requests = harness.random_requests(s["requests"], s["prompt_len"], s["max_tokens"], vocab, s["seed"])
@@ -110,12 +121,21 @@ def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="flo
     reference = runs["hf-generate"].get("reference", {})
     if "rosellm" in engines:
         point = harness.named_checkpoint(s["checkpoint"])
-        extra = dict(module=point.module, engine_options=options, profile_every=s["profile_every"])
+        extra = dict(module=point.module, profile_every=s["profile_every"])
         extra["sweep"] = sweep and dict(batch_sizes=sweep, prompt_len=s["sweep_prompt_len"], steps=s["sweep_steps"])
-        label = harness.rosellm_label(point)
-        runs["rosellm"] = harness.run_engine("rosellm", common | extra, label) | dict(
-            label=label, checkpoint=point.module
-        )
+        for i, variant in enumerate(variants or [None]):
+            key, label = "rosellm" if i == 0 else f"rosellm-{variant.name}", harness.rosellm_label(point)
+            own = dict(dtype=dtype, engine_options=options, weights=dtype)
+            if variant:
+                own = dict(dtype=variant.dtype, engine_options=options | variant.engine_options(), weights=variant.name)
+                label += f", {variant.label}"
+            runs[key] = harness.run_engine("rosellm", common | extra | own, label) | dict(
+                label=label,
+                checkpoint=point.module,
+                weights=own["weights"],
+                exact=own["weights"] in ("fp32", "float32"),
+            )
+            runs[key] |= {"baseline": "rosellm"} if i else {}
     if "hf-continuous" in engines:
         page = 16 if args.quick else 256
         cb = dict(page_size=page, num_blocks=kv_blocks(requests, page) + s["max_num_seqs"], allow_block_sharing=False)
@@ -126,10 +146,17 @@ def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="flo
     for peer in chosen:
         limits = {key: options[key] for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
         spec = dict(threads=args.threads, requests=requests, warmup=warmup, reference=reference, options=limits)
-        runs[peer.name] = peers.run_peer(peer, spec, args.model)
+        runs[peer.name] = peers.run_peer(peer, spec, args.model, dtype)
+        runs[peer.name] |= dict(
+            weights="gguf" if peer.weights == "file" else peer.dtype or dtype, exact=peer.exact(dtype)
+        )
+        runs[peer.name] |= {"baseline": peer.home} if peer.home else {}
     roof = harness.rooflines([before, rates()], params, 4 if dtype == "float32" else 2)
     if "hf-generate" not in engines:
         del runs["hf-generate"]
+    for r in runs.values():
+        r.setdefault("exact", dtype == "float32")
+        r.setdefault("weights", dtype)
     work = workload_work(requests, config, params)
     rows = summarize(runs, requests, work, roof, reference)
     ours = runs.get("rosellm", {})
@@ -142,11 +169,16 @@ def measure(args, s: dict, engines: list, chosen: list, device="cpu", dtype="flo
         for name, r in runs.items()
         if name != "rosellm" and ours.get("tokens") and r.get("tokens")
     }
+    for row in rows:  # a bf16 or quantized row against the same engine's fp32 row
+        base = runs.get(runs[row["engine"]].get("baseline"), {})
+        if runs[row["engine"]].get("tokens") and base.get("tokens"):
+            row["agreement_with_fp32"] = harness.agreement(runs[row["engine"]]["tokens"], base["tokens"])
     named = dict(engines=engines, peers=[p.name for p in chosen], rosellm_engine_options=options, threads=args.threads)
     out = dict(settings=s | named, dtype=dtype, parameters=params, work=work, roofline=roof, engines=rows)
     out |= dict(agreement=same, notes=NOTES, check={row["engine"]: row["check"] for row in rows if "check" in row})
     out |= dict(decode_sweep=ours.get("decode_sweep") or [], profile=ours.get("profile"))
-    return out | {"correct": "rosellm" not in runs or bool(out["check"].get("rosellm", {}).get("passed"))}
+    ours_checked = out["check"].get("rosellm", {})
+    return out | {"correct": "rosellm" not in runs or not runs["rosellm"]["exact"] or bool(ours_checked.get("passed"))}
 
 
 def workload_work(requests: list, config, params: dict) -> dict:
@@ -168,12 +200,13 @@ def summarize(runs: dict, requests: list, work: dict, roof: dict, reference: dic
     rows, max_tokens = [], [m for _, m in requests]
     for name, r in runs.items():
         row = {"engine": name, "label": r.get("label") or ENGINES.get(name, name)}
-        row |= {
-            key: r[key] for key in ("checkpoint", "version", "settings", "environment", "load_s", "check") if key in r
-        }
+        keys = ("checkpoint", "version", "settings", "environment", "load_s", "check", "weights", "compute_dtype")
+        row |= {key: r[key] for key in keys if key in r}
         if r.get("tokens"):
             row["check"] = harness.check_against(reference, r["tokens"])
-        row["check_passed"] = row.get("check", {}).get("passed")
+        if "check" in row:
+            row["check"]["required"] = r.get("exact", True)
+        row["check_passed"] = row.get("check", {}).get("passed") if r.get("exact", True) else None
         row["other_processes_cpu_share"] = r.get("other_processes_cpu_share")
         if "error" in r or not r.get("tokens"):
             rows.append(row | {"error": r.get("error", "no tokens")})

@@ -1,8 +1,9 @@
-"""llama.cpp as a peer (see peer_protocol), on an F32 GGUF, through llama-cpp-python's low-level API: its
-`Llama` class decodes one sequence at a time, so this script batches itself. One sequence id per request;
-each `llama_decode` carries one token of every running sequence (decodes first), then as many waiting prompts
-as fit in `max_num_batched_tokens`; a finished sequence leaves the KV cache at once and a waiting one takes its id
-(continuous batching); the next token is the argmax of the logits (greedy). Runs in .peers/llamacpp."""
+"""llama.cpp as a peer (see peer_protocol), on a GGUF (F32, or the bundled Q4_1 file as it is), through
+llama-cpp-python's low-level API: its `Llama` class decodes one sequence at a time, so this script batches itself.
+One sequence id per request; each `llama_decode` carries one token of every running sequence (decodes first), then
+as many waiting prompts as fit in `max_num_batched_tokens`; a finished sequence leaves the KV cache at once and a
+waiting one takes its id (continuous batching); the next token is the argmax of the logits (greedy). Runs in
+.peers/llamacpp."""
 
 import collections
 

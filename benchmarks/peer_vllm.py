@@ -1,5 +1,6 @@
 """vLLM's CPU build as a peer (see peer_protocol): its `LLMEngine` stepped by hand, like rosellm's, so that
-each request's first and last token are timestamped. Runs in .peers/vllm with the fp32 Hugging Face folder."""
+each request's first and last token are timestamped. Runs in .peers/vllm with the fp32 Hugging Face folder, in
+the spec's dtype (fp32 unless it says otherwise)."""
 
 import itertools
 
@@ -11,7 +12,8 @@ IDS = itertools.count()
 def load(spec: dict):
     import vllm
 
-    options = {"model": spec["model"], "dtype": "float32", "seed": 0, "enable_prefix_caching": False, **spec["options"]}
+    options = {"model": spec["model"], "dtype": spec.get("dtype", "float32"), "seed": 0, "enable_prefix_caching": False}
+    options |= spec["options"]
     options["gpu_memory_utilization"] = 0.25  # on the CPU build: the share of the machine's memory for the KV cache
     return vllm.LLM(**options), {"engine": "vllm", "version": vllm.__version__, "settings": options}
 

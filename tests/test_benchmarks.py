@@ -8,6 +8,7 @@ where that workload's chapter exists (see `tests/conftest.py`).
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -106,15 +107,196 @@ def test_offline_cpu_quick(tiny_gqa, tmp_path):
 
 @pytest.mark.workload("latency-cpu")
 def test_latency_cpu_quick(tiny_gqa, tmp_path):
-    fakes = {"vllm": fake_peer(tmp_path, "vllm", HONEST)}
-    result = run_quick("latency-cpu", tiny_gqa, tmp_path, "--peers", "vllm", fakes=fakes)
+    """fp32 rows checked against transformers; a bf16 peer (faked, with wrong tokens) timed all the same, its
+    agreement with the fp32 peer recorded; each row's bytes per token and its own roofline."""
+    fakes = {"vllm": fake_peer(tmp_path, "vllm", HONEST), "vllm-bf16": fake_peer(tmp_path, "vllm-bf16", LIAR)}
+    fakes["vllm-bf16"].dtype, fakes["vllm-bf16"].home = "bfloat16", "vllm"
+    result = run_quick(
+        "latency-cpu", tiny_gqa, tmp_path, "--peers", "vllm,vllm-bf16", "--variants", "fp32", fakes=fakes
+    )
     check_roofline(result)
     engines = {e["engine"]: e for e in result["engines"]}
-    assert set(engines) == {"rosellm", "hf-generate", "vllm"}
+    assert set(engines) == {"rosellm", "hf-generate", "vllm", "vllm-bf16"}
     assert engines["rosellm"]["label"] == harness.rosellm_label(chapters.latest(), short=True)
+    fp32_bytes = 4 * result["parameters"]["roofline"]
     for e in engines.values():
-        assert e["decode_tokens_per_s"] > 0 and e["ttft_ms"] > 0 and e["check"]["passed"]
+        assert e["decode_tokens_per_s"] > 0 and e["tpot_ms"] > 0
+        share = e["decode_tokens_per_s"] / e["bandwidth_roofline_tokens_per_s"]
+        assert e["share_of_bandwidth_roofline"] == pytest.approx(share, abs=1e-4)
+    bf16 = engines.pop("vllm-bf16")
+    assert bf16["weight_bytes_per_token"] == fp32_bytes // 2 and bf16["check"]["passed"] is False
+    assert bf16["check"]["required"] is False and bf16["check_passed"] is None
+    assert bf16["agreement_with_fp32"]["requests"] == 1 and bf16["agreement_with_fp32"]["identical_requests"] == 0
+    for e in engines.values():
+        assert e["check"]["passed"] and e["check"]["required"] and e["weight_bytes_per_token"] == fp32_bytes
+        assert e["ttft_ms"] > 0
     assert engines["rosellm"]["decode_ratio_vs_transformers"] > 0 and result["all_tokens_identical"] is True
+
+
+@pytest.mark.workload("latency-cpu", "perplexity")  # the formats are chapter 13's
+def test_latency_cpu_quick_runs_each_weight_format(tiny_gqa, tmp_path):
+    """rosellm once per format: the bf16 and quantized rows read fewer bytes and record their agreement with the
+    fp32 row; "gguf" on a model that is not a GGUF file is an error row, and the run goes on."""
+    result = run_quick(
+        "latency-cpu", tiny_gqa, tmp_path, "--engines", "rosellm", "--variants", "fp32,bf16,int8,int4,gguf"
+    )
+    engines = {e["engine"]: e for e in result["engines"]}
+    assert list(engines) == ["rosellm", "rosellm-bf16", "rosellm-int8", "rosellm-int4", "rosellm-gguf"]
+    assert "exited with status" in engines.pop("rosellm-gguf")["error"]
+    fp32 = engines["rosellm"]
+    assert fp32["check"]["passed"] and fp32["label"].endswith("fp32")
+    assert engines["rosellm-bf16"]["compute_dtype"] == "bfloat16"
+    sizes = [
+        engines[name]["weight_bytes_per_token"] for name in ("rosellm", "rosellm-bf16", "rosellm-int8", "rosellm-int4")
+    ]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] == 4 * result["parameters"]["roofline"]
+    for name in ("rosellm-bf16", "rosellm-int8", "rosellm-int4"):
+        e = engines[name]
+        assert "error" not in e and e["decode_tokens_per_s"] > 0 and e["check"]["required"] is False
+        assert 0 <= e["agreement_with_fp32"]["equal_token_share"] <= 1 and e["agreement_with_fp32"]["requests"] == 1
+
+
+@pytest.mark.workload("offline-cpu")
+def test_offline_cpu_quick_in_bfloat16(tiny_gqa, tmp_path):
+    """--dtype bfloat16: rosellm, transformers and the vLLM peer (faked) in bf16, each check recorded, not required;
+    the roofline from 2 bytes a weight and the GEMM rate in bf16."""
+    fakes = {"vllm": fake_peer(tmp_path, "vllm", LIAR)}
+    argv = ["--dtype", "bfloat16", "--engines", "rosellm,hf-generate", "--peers", "vllm"]
+    result = run_quick("offline-cpu", tiny_gqa, tmp_path, *argv, fakes=fakes)
+    assert result["dtype"] == "bfloat16" and result["settings"]["dtype"] == "bfloat16"
+    assert result["roofline"]["weight_bytes"] == 2 * result["parameters"]["roofline"]
+    assert {m["gemm"]["dtype"] for m in result["roofline"]["measurements"]} == {"bfloat16"}
+    engines = {e["engine"]: e for e in result["engines"]}
+    assert set(engines) == {"rosellm", "hf-generate", "vllm"} and engines["rosellm"]["compute_dtype"] == "bfloat16"
+    for e in engines.values():
+        assert "error" not in e and e["output_tokens_per_s"] > 0 and e["check"]["required"] is False
+    assert engines["vllm"]["check"]["passed"] is False  # timed all the same
+
+
+@pytest.mark.workload("offline-cpu")
+def test_the_bf16_result_has_a_file_of_its_own():
+    from argparse import Namespace
+
+    from benchmarks import offline_cpu
+
+    args = Namespace(quick=False, json=None, figure=None)
+    assert harness.output_paths(args, offline_cpu.DTYPES["bfloat16"])[0].name == "offline_cpu_bf16.json"
+    done = bench("offline-cpu", "--dtype", "float16", "--quick", timeout=60)
+    assert done.returncode != 0 and "choose from float32, bfloat16" in done.stderr
+
+
+@pytest.mark.workload("perplexity")
+def test_perplexity_quick(tiny_gqa, tmp_path):
+    """fp32's perplexity is transformers' on the same windows; every format's greedy agreement with fp32."""
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks import perplexity
+
+    result = run_quick("perplexity", tiny_gqa, tmp_path, "--variants", "fp32,bf16,int8,int4")
+    rows = {row["variant"]: row for row in result["variants"]}
+    assert list(rows) == ["fp32", "bf16", "int8", "int4"]  # no "gguf": the model is not a GGUF file
+    text = result["text"]
+    assert text["windows"] == 3 and text["tokens"] == 192 and text["scored_tokens_per_window"] == 63
+    windows = torch.tensor(perplexity.text_windows(str(tiny_gqa), 192, 64))  # [windows, 64]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_gqa, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(windows).logits  # [windows, 64, vocab]
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), windows[:, 1:].flatten()).item()
+    assert rows["fp32"]["perplexity"] == pytest.approx(math.exp(nll), rel=1e-4)
+    assert rows["fp32"]["agreement_with_fp32"]["equal_token_share"] == 1 and rows["fp32"]["vs_fp32"] == 1
+    for row in rows.values():
+        assert row["error"] is None and 0.5 < row["vs_fp32"] < 2 and len(row["window_perplexity"]) == 3
+        shares = row["agreement_with_fp32"]["share_identical_for_first_k_tokens"]
+        assert list(shares) == ["1", "4", "16", "64"] and list(shares.values()) == sorted(shares.values(), reverse=True)
+    assert rows["bf16"]["compute_dtype"] == "bfloat16"
+
+
+@pytest.mark.workload("quant-kernels")
+def test_quant_kernels_quick(tiny_gqa, tmp_path):
+    result = run_quick("quant-kernels", tiny_gqa, tmp_path)
+    assert set(result["machine"]["cpu_flags"]) == {"avx2", "avx512", "avx512_bf16", "avx512_vnni", "amx"}
+    kinds = {(r["kernel"], r["activation"]) for r in result["rows"]}
+    assert kinds == {(k, a) for k, activations in quant_kernels_module().KERNELS.items() for a in activations}
+    assert len(result["rows"]) == len(kinds) * len(result["shapes"]) * 2 and all(
+        r["ms_per_matrix"] > 0 for r in result["rows"]
+    )
+    assert [s["name"] for s in result["shapes"]] == ["qkv", "o", "gate_up", "down", "lm_head"]
+    assert {r["copies"] for r in result["rows"] if r["shape"] == "lm_head"} == {1}
+    assert set(result["crossover_rows"]) == {
+        "int8pack (bfloat16)",
+        "int8pack (float32)",
+        "int4pack (bfloat16)",
+        "int4pack (float32)",
+    }
+    assert all(rows in (None, 1, 4) for rows in result["crossover_rows"].values())
+
+
+def quant_kernels_module():
+    return importlib.import_module("benchmarks.quant_kernels")
+
+
+@pytest.mark.workload("quant-kernels")
+def test_a_step_time_and_the_crossover_from_made_up_timings():
+    qk = quant_kernels_module()
+    shapes = [dict(name="a", per_step=3), dict(name="head", per_step=1)]
+    timings = {("fp32 dense", "float32"): [1.0, 2.0, 3.0], ("int8pack", "float32"): [0.5, 2.5, 9.0]}
+    rows = [
+        dict(shape=shape, kernel=kernel, activation=activation, rows=n, ms_per_matrix=ms)
+        for (kernel, activation), times in timings.items()
+        for n, ms in zip((1, 2, 4), times)
+        for shape in ("a", "head")
+    ]
+    steps = qk.step_times(rows, shapes)
+    assert {(p["kernel"], p["rows"]): p["ms"] for p in steps}[("int8pack", 2)] == 4 * 2.5
+    assert qk.crossovers(steps) == {"int8pack (float32)": 2}
+    assert qk.crossovers([p for p in steps if p["rows"] == 1]) == {"int8pack (float32)": None}
+
+
+def test_agreement_with_a_baseline():
+    baseline = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    out = harness.agreement([[1, 2, 0, 4], [5, 6], [0, 8, 9]], baseline, after=(1, 2, 4))
+    assert out["first_difference_at"] == [2, None, 0] and out["identical_requests"] == 1
+    assert out["equal_token_share"] == round(7 / 9, 4)
+    assert out["share_identical_for_first_k_tokens"] == {
+        "1": round(2 / 3, 4),
+        "2": round(2 / 3, 4),
+        "4": round(1 / 3, 4),
+    }
+    assert harness.agreement([[1, 2]], [[1, 2, 3]])["first_difference_at"] == [
+        2
+    ]  # a shorter answer differs where it ends
+
+
+@pytest.mark.model  # SmolLM2's config and its GGUF file
+def test_bytes_of_weights_per_token_of_each_format():
+    from benchmarks import variants
+    from rosellm.loader import bundled_model_path
+
+    config = harness.model_config(None)
+    fp32 = variants.bytes_per_token("fp32", config)
+    assert fp32 == 4 * harness.parameter_counts(config)["roofline"]
+    assert variants.bytes_per_token("bf16", config) == fp32 // 2
+    assert variants.read_format("int4", "float32") == "float32"  # fp32 compute multiplies the dense copy
+    assert variants.read_format("int4", "bfloat16") == "int4" and variants.read_format("bf16", "bfloat16") == "bf16"
+    int8, int4 = (variants.bytes_per_token(form, config) for form in ("int8", "int4"))
+    gguf = variants.bytes_per_token("gguf", config, bundled_model_path())
+    assert fp32 / 4 < int8 < fp32 / 3.9 and int4 == pytest.approx(fp32 * 0.625 / 4, rel=0.01)
+    # the bundled file: Q4_1 layers (5 bits a weight), the tied Q8_0 head (8.5 bits) read as the LM head
+    assert int4 < gguf < int8
+
+
+@pytest.mark.workload("perplexity")  # chapter 13 runs them all
+def test_variants_are_chosen_by_what_the_checkpoint_can_do():
+    from benchmarks import variants
+
+    earlier, latest = chapters.checkpoint(12), chapters.latest()
+    assert [v.name for v in variants.chosen("all", earlier)] == ["fp32"]
+    with pytest.raises(SystemExit, match="runs only fp32"):
+        variants.chosen("fp32,int4", earlier)
+    with pytest.raises(SystemExit, match="unknown variants"):
+        variants.chosen("int3", latest)
+    assert [v.name for v in variants.chosen("all", latest)] == list(variants.VARIANTS)
+    assert variants.VARIANTS["int4"].engine_options() == {"quantization": "int4"}
 
 
 @pytest.mark.workload("chapters")
@@ -226,7 +408,7 @@ def a_later_chapter(monkeypatch):
         return NotLoaded()
 
     def run_engine(task, spec, label):
-        if task in ("rosellm", "checkpoint"):  # without a module, the rosellm task runs `rosellm`, the latest
+        if task in ("rosellm", "checkpoint", "perplexity"):  # without a module, the rosellm task runs `rosellm`
             chosen.append(spec["checkpoint"] if task == "checkpoint" else spec.get("module", "rosellm"))
         return {"error": "not run"}  # what a failed engine process gives
 
