@@ -46,6 +46,9 @@ CAPABILITIES = {
     "serving": "an async engine loop, stop strings, an OpenAI-compatible server (`python -m rosellm serve`)",
     "compiled": "fused QKV and gate-up, decoder layers compiled by torch.compile (`enforce_eager` turns it off)",
     "tensor_parallel": "`tensor_parallel_size`: each layer split over processes (rank 0 runs the engine)",
+    "quantization": (
+        "weights in fewer bytes: GGUF's own quantized tensors, int8/int4 at load, bf16 (`quantization`, `dtype`)"
+    ),
 }
 
 

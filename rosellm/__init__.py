@@ -23,6 +23,7 @@ __capabilities__ = frozenset(
         "serving",
         "compiled",
         "tensor_parallel",
+        "quantization",
     }
 )
 __all__ = ["CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from .block_math import blocks_for
 
+QUANTIZATIONS = ("gguf", "int8", "int4")  # quantization.py
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -27,6 +29,9 @@ class EngineConfig:
                             remembered blocks reuses them instead of computing them again
     tensor_parallel_size:   processes that split each layer between them (tensor_parallel.py); with more
                             than one, `kv_cache_memory` is each rank's
+    quantization:           weights in fewer bytes (quantization.py): None (fp32 weights), "gguf" (a .gguf
+                            file's own quantized tensors), "int8" or "int4" (quantized at load); not with
+                            tensor parallelism
     """
 
     max_model_len: int | None = None
@@ -41,6 +46,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     tensor_parallel_size: int = 1
+    quantization: str | None = None
 
     def __post_init__(self):
         for name in (
@@ -62,6 +68,15 @@ class EngineConfig:
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be None or one of {', '.join(QUANTIZATIONS)}; got {self.quantization!r}"
+            )
+        if self.quantization is not None and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"quantization {self.quantization!r} with tensor_parallel_size > 1 is not supported: "
+                "quantized layers run in one process"
+            )
 
     def watermark_blocks(self, num_kv_blocks: int) -> int:
         return math.ceil(self.watermark * num_kv_blocks)

@@ -13,14 +13,15 @@ Prompt = str | Sequence[int] | dict
 
 
 class LLM:
-    """Load a model and generate text. `engine_options` are the fields of `EngineConfig` (max_model_len,
-    max_num_seqs, max_num_batched_tokens, block_size, num_kv_blocks, kv_cache_memory, watermark,
-    attention_backend, enforce_eager, enable_chunked_prefill, enable_prefix_caching, tensor_parallel_size).
+    """Load a model and generate text. `dtype`: "auto" (None), "float32", "bfloat16" or a torch.dtype.
+    `engine_options` are the fields of `EngineConfig` (max_model_len, max_num_seqs, max_num_batched_tokens,
+    block_size, num_kv_blocks, kv_cache_memory, watermark, attention_backend, enforce_eager,
+    enable_chunked_prefill, enable_prefix_caching, tensor_parallel_size, quantization).
 
     With tensor_parallel_size > 1 it starts worker processes: `close()` them, or use `with LLM(...) as llm:`
     (they also stop when the `LLM` is collected or the program exits, or when one of them dies)."""
 
-    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
+    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | str | None = None, **engine_options):
         self.llm_engine = LLMEngine(model, device, dtype, **engine_options)
         self.model, self.tokenizer = self.llm_engine.model, self.llm_engine.tokenizer
         self.eos_token_ids = self.llm_engine.eos_token_ids

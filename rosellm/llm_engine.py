@@ -17,11 +17,12 @@ from torch.profiler import record_function
 from .block_manager import BlockManager
 from .engine_config import EngineConfig
 from .input_processor import InputProcessor
-from .loader import load_tokenizer, resolve_model_folder
+from .loader import load_tokenizer, tokenizer_folder
 from .model_runner import ModelRunner
 from .output_processor import RequestState
 from .outputs import RequestOutput
 from .parallel_runner import TensorParallelRunner
+from .quantization import check_options
 from .sampling import SamplingParams, make_generators, sample_batch
 from .scheduler import Scheduler, SchedulerOutput
 from .step_inputs import StepInputs
@@ -54,16 +55,18 @@ class EngineStats:
 
 class LLMEngine:
     """model: None (the bundled SmolLM2-135M-Instruct), a `.gguf` file, or a Hugging Face folder.
-    `engine_options` are the fields of `EngineConfig` (engine_config.py)."""
+    dtype: "auto" (None), "float32", "bfloat16" or a torch.dtype (quantization.py says which "auto" picks).
+    `engine_options` are the fields of `EngineConfig` (engine_config.py), `quantization` among them."""
 
-    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
+    def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | str | None = None, **engine_options):
         self.config = config = EngineConfig(**engine_options)
-        self.tokenizer = load_tokenizer(resolve_model_folder(model))
+        dtype = check_options(model, device, dtype, config.quantization)  # before any weight is read
+        self.tokenizer = load_tokenizer(tokenizer_folder(model, config.quantization))
         runner_args = (model, device, dtype, config.attention_backend, config.enforce_eager)
         if config.tensor_parallel_size > 1:  # this process becomes rank 0 of tensor_parallel_size
             self.model_runner = TensorParallelRunner(*runner_args, config.tensor_parallel_size)
         else:
-            self.model_runner = ModelRunner(*runner_args)
+            self.model_runner = ModelRunner(*runner_args, quantization=config.quantization)
         try:
             self._build(config)
         except BaseException:

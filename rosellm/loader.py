@@ -49,12 +49,38 @@ def resolve_model_folder(model: str | os.PathLike | None) -> Path:
     return gguf_to_hf_folder(path) if path.is_file() else path
 
 
-def load_model(model=None, device: str = "cpu", dtype: torch.dtype | None = None, rank: int = 0, size: int = 1):
+def load_model(
+    model=None,
+    device: str = "cpu",
+    dtype: torch.dtype | str | None = None,
+    rank: int = 0,
+    size: int = 1,
+    quantization: str | None = None,
+):
     """Returns (LlamaForCausalLM in eval mode on `device`, tokenizer): the whole model, or with `size` > 1
-    the slice of tensor-parallel rank `rank` (tensor_parallel.py), whose config counts the rank's heads."""
-    folder = resolve_model_folder(model)
+    the slice of tensor-parallel rank `rank` (tensor_parallel.py), whose config counts the rank's heads.
+    `quantization` and `dtype`: see quantization.py (None: fp32 on CPU, bf16 on CUDA). The model's
+    `dtype` is its compute dtype."""
+    from .quantization import check_options, load_gguf_model, quantize_projections
+
+    dtype = check_options(model, device, dtype, quantization)
+    if quantization == "gguf":
+        net = load_gguf_model(model_source(model), dtype)
+    else:
+        folder = resolve_model_folder(model)
+        # quantized layers are built on CPU (where PyTorch packs 4-bit codes), then moved
+        net = load_dense_model(
+            folder, "cpu" if quantization else device, torch.float32 if quantization else dtype, rank, size
+        )
+        if quantization:
+            quantize_projections(net, quantization, dtype)
+    net.dtype = dtype
+    return net.to(device).eval(), load_tokenizer(tokenizer_folder(model, quantization))
+
+
+def load_dense_model(folder: Path, device, dtype: torch.dtype, rank: int, size: int) -> LlamaForCausalLM:
+    """A Hugging Face folder's model (or one rank's slice) with every weight in `dtype` on `device`."""
     config = ModelConfig.from_json(folder / "config.json")
-    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     state = {}
     for file in sorted(folder.glob("*.safetensors")):
         state.update(load_file(file, device=str(device)))
@@ -74,8 +100,7 @@ def load_model(model=None, device: str = "cpu", dtype: torch.dtype | None = None
     missing = [n for n, p in net.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"{folder}: weights missing for {missing[:5]}")
-    net.model.rotary_emb.to(device)
-    return net.eval(), load_tokenizer(folder)
+    return net
 
 
 FUSED_PROJECTIONS = {
@@ -84,15 +109,30 @@ FUSED_PROJECTIONS = {
 }
 
 
-def fuse_projections(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fuse_projections(state: dict, concatenate=torch.cat) -> dict:
     """Hugging Face's separate q/k/v and gate/up weights (and biases) -> our fused ones, their rows
-    concatenated in that order: one [out_q + out_k + out_v, hidden] matrix does the three GEMMs' work."""
+    concatenated in that order: one [out_q + out_k + out_v, hidden] matrix does the three GEMMs' work.
+    `concatenate` joins the parts' rows (quantized weights bring their own)."""
     state = dict(state)
     for fused, (first, *rest) in FUSED_PROJECTIONS.items():
         for name in [n for n in state if f".{first}." in n]:  # e.g. model.layers.3.self_attn.q_proj.weight
             parts = [name.replace(first, part) for part in (first, *rest)]
-            state[name.replace(first, fused)] = torch.cat([state.pop(part) for part in parts])
+            state[name.replace(first, fused)] = concatenate([state.pop(part) for part in parts])
     return state
+
+
+def tokenizer_folder(model, quantization: str | None = None) -> Path:
+    """Where the model's tokenizer is read from: its Hugging Face folder. A GGUF file run as it is ("gguf")
+    is never converted: its tokenizer alone is cached, unless a converted folder already holds it."""
+    path = model_source(model)
+    if quantization != "gguf" or not path.is_file():
+        return resolve_model_folder(model)
+    converted = gguf_cache_folder(path)
+    if (converted / "tokenizer.json").is_file():
+        return converted
+    return cached_folder(
+        converted.with_name(f"{converted.name}-tokenizer"), "tokenizer.json", write_gguf_tokenizer, path
+    )
 
 
 def load_tokenizer(folder: Path):
@@ -174,34 +214,43 @@ def gguf_cache_folder(path: Path) -> Path:
 
 def gguf_to_hf_folder(path: Path) -> Path:
     """Dequantize a GGUF file into a cached Hugging Face folder (once); return the folder."""
-    folder = gguf_cache_folder(path)
-    if (folder / "model.safetensors").is_file():
+    return cached_folder(gguf_cache_folder(path), "model.safetensors", write_hf_folder_from_gguf, path)
+
+
+def cached_folder(folder: Path, marker: str, write, path: Path) -> Path:
+    """`folder`, written by `write(path, folder)` unless it already holds `marker`: written in a staging
+    folder renamed at the end, so that a reader never sees half a folder."""
+    if (folder / marker).is_file():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".staging-"))
     try:
-        write_hf_folder_from_gguf(path, staging)
+        write(path, staging)
         staging.rename(folder)
     except OSError:
-        if not (folder / "model.safetensors").is_file():  # a concurrent writer did not win either
+        if not (folder / marker).is_file():  # a concurrent writer did not win either
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
 
 
-def write_hf_folder_from_gguf(path: Path, out: Path) -> None:
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-    from transformers import AutoTokenizer
-
-    reader = GGUFReader(path)
+def read_gguf_config(reader) -> dict:
+    """The model's Hugging Face config from a GGUF file's header (a `gguf.GGUFReader`)."""
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
     for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
         if key in reader.fields:
             fields[key] = reader.fields[key].contents()
     names = {t.name for t in reader.tensors}
-    config = gguf_config(fields, "output.weight" in names, len(reader.fields["tokenizer.ggml.tokens"].data))
+    return gguf_config(fields, "output.weight" in names, len(reader.fields["tokenizer.ggml.tokens"].data))
+
+
+def write_hf_folder_from_gguf(path: Path, out: Path) -> None:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path)
+    config = read_gguf_config(reader)
 
     state = {}
     for tensor in reader.tensors:
@@ -216,7 +265,12 @@ def write_hf_folder_from_gguf(path: Path, out: Path) -> None:
         state[name] = weight.contiguous()
     save_file(state, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    # The tokenizer (vocabulary, merges, special tokens, chat template) lives in the same file;
-    # transformers knows how to turn it into a fast tokenizer.
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    tokenizer.save_pretrained(out)
+    write_gguf_tokenizer(path, out)
+
+
+def write_gguf_tokenizer(path: Path, out: Path) -> None:
+    """The tokenizer (vocabulary, merges, special tokens, chat template) lives in the GGUF file;
+    transformers knows how to turn it into a fast tokenizer."""
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)

@@ -17,28 +17,30 @@ from .step_inputs import StepInputs
 
 
 class ModelRunner:
-    """One process's model: the whole model, or the slice of tensor-parallel rank `rank` of `size`."""
+    """One process's model: the whole model, or the slice of tensor-parallel rank `rank` of `size`;
+    `quantization` and `dtype` as `load_model` takes them."""
 
     def __init__(
         self,
         model=None,
         device: str = "cpu",
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         attention_backend: str | None = None,
         enforce_eager: bool = False,
         rank: int = 0,
         size: int = 1,
+        quantization: str | None = None,
     ):
         self.device = torch.device(device)
         self.enforce_eager = enforce_eager
         self.attention_backend = get_attention_backend(attention_backend, self.device, enforce_eager)
-        self.model, _ = load_model(model, self.device, dtype, rank, size)
+        self.model, _ = load_model(model, self.device, dtype, rank, size, quantization)
         self.model.set_attention_backend(self.attention_backend)
         packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
         if not enforce_eager:
             self.model.compile_layers()
         self.config = self.model.config
-        self.dtype = self.model.lm_head.weight.dtype
+        self.dtype = self.model.dtype  # a quantized LM head holds integer codes
         self.kv_pool: KVPool | None = None
         self.saved_blocks: tuple[list[int], torch.Tensor, torch.Tensor] | None = None  # see save_blocks
         self.max_blocks_per_seq = 0

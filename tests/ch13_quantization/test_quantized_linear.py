@@ -1,0 +1,129 @@
+"""Quantized layers multiply like `F.linear` on their own dequantized weight, with either kernel; int8 and
+int4 quantization of a float weight comes back within half a step."""
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.requires("quantization")
+
+IN, OUT = 96, 80  # three groups of 32 inputs
+FORMATS = ["Q4_0", "Q4_1", "Q8_0", "int8", "int4"]
+BF16_RELATIVE = 1e-2  # bf16 activations (and bf16 scales in the packed kernels): of the output's largest
+
+
+@pytest.fixture
+def ql(checkpoint):
+    return importlib.import_module(f"{checkpoint.__name__}.quantized_linear")
+
+
+@pytest.fixture
+def quantization(checkpoint):
+    return importlib.import_module(f"{checkpoint.__name__}.quantization")
+
+
+def quantized_weight(ql, quantization, kind: str, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(OUT, IN, generator=gen) * 0.1
+    if kind == "int8":
+        return quantization.quantize_int8(weight)
+    if kind == "int4":
+        return quantization.quantize_int4(weight)
+    groups = IN // 32
+    scales = torch.rand(OUT, groups, generator=gen).half().float() * 0.02
+    if kind == "Q8_0":
+        codes = torch.randint(-127, 128, (OUT, IN), generator=gen, dtype=torch.int8)
+        return ql.QuantizedWeight(codes, scales, None, offset=0, bits=8, group=32)
+    codes = torch.randint(0, 16, (OUT, IN), generator=gen, dtype=torch.uint8)
+    if kind == "Q4_0":
+        return ql.QuantizedWeight(codes, scales, None, offset=8, bits=4, group=32)
+    minimums = -torch.rand(OUT, groups, generator=gen).half().float() * 0.15
+    return ql.QuantizedWeight(codes, scales, minimums, offset=0, bits=4, group=32)
+
+
+def force(monkeypatch, ql, kernel: str) -> None:
+    """Make every call take `kernel`: "packed" on bf16 and fp32 activations alike, or "dense"."""
+    monkeypatch.setattr(ql, "SMALL_BATCH_ROWS", 10**6 if kernel == "packed" else 0)
+    monkeypatch.setattr(ql, "GROUPED_INT8_ROWS", 10**6)
+    monkeypatch.setattr(ql, "PACKED_DTYPES", (torch.bfloat16, torch.float32))
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_dequantize_is_the_weight_quantized(ql, quantization, kind):
+    weight = quantized_weight(ql, quantization, kind)
+    layer = ql.quantized_linear(weight, None, torch.float32)
+    assert torch.equal(layer.dequantize(), weight.dequantize())
+    assert torch.equal(layer.dense, weight.dequantize())  # fp32 compute: the dense copy is exact
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("kernel", ["packed", "dense"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_linear_equals_f_linear_on_its_dequantized_weight(monkeypatch, ql, quantization, kind, kernel, dtype, rows):
+    force(monkeypatch, ql, kernel)
+    gen = torch.Generator().manual_seed(rows)
+    bias = torch.randn(OUT, generator=gen)
+    layer = ql.quantized_linear(quantized_weight(ql, quantization, kind), bias, dtype)
+    x = torch.randn(rows, IN, generator=gen)
+    expected = F.linear(x, layer.dequantize(), bias)
+    out = layer(x.to(dtype))
+    assert out.dtype == dtype and out.shape == (rows, OUT)
+    if dtype == torch.bfloat16:
+        assert (out.float() - expected).abs().max() <= BF16_RELATIVE * expected.abs().max()
+    elif kernel == "dense":  # the dense copy is the dequantized weight itself
+        assert torch.equal(out, expected)
+    else:  # the packed kernels sum in another order
+        torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "int8", "Q8_0"])
+def test_kernel_is_chosen_by_rows(monkeypatch, ql, quantization, kind):
+    calls = []
+    for name in ("_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm"):
+        kernel = getattr(torch.ops.aten, name)
+        monkeypatch.setattr(torch.ops.aten, name, lambda *a, k=kernel: calls.append(1) or k(*a))
+    most = ql.GROUPED_INT8_ROWS if kind == "Q8_0" else ql.SMALL_BATCH_ROWS
+    layer = ql.quantized_linear(quantized_weight(ql, quantization, kind), None, torch.bfloat16)
+    layer(torch.randn(most + 1, IN, dtype=torch.bfloat16))
+    assert not calls
+    layer(torch.randn(most, IN, dtype=torch.bfloat16))
+    assert calls
+    calls.clear()
+    fp32_layer = ql.quantized_linear(quantized_weight(ql, quantization, kind), None, torch.float32)
+    fp32_layer(torch.randn(1, IN))  # fp32 activations: always the dense copy
+    assert not calls
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "int4"])
+def test_compiled_layer_equals_eager(monkeypatch, ql, quantization, kind):
+    force(monkeypatch, ql, "packed")
+    layer = ql.quantized_linear(quantized_weight(ql, quantization, kind), None, torch.float32)
+    compiled = torch.compile(lambda x: F.silu(layer(x)), dynamic=True)
+    for rows in (1, 5):
+        x = torch.randn(rows, IN)
+        torch.testing.assert_close(compiled(x), F.silu(layer(x)))
+
+
+def test_embedding_dequantizes_the_looked_up_rows(ql, quantization):
+    head = ql.quantized_linear(quantized_weight(ql, quantization, "Q8_0"), None, torch.float32)
+    embedding = ql.QuantizedEmbedding(head, torch.bfloat16)
+    ids = torch.tensor([3, 0, 79, 3])
+    assert torch.equal(embedding(ids), head.dequantize()[ids].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantizing_rounds_to_within_half_a_step(quantization, kind):
+    weight = torch.randn(OUT, IN, generator=torch.Generator().manual_seed(1))
+    weight[0] = 0.25  # a constant row: its step is 0, it comes back exactly
+    quantized = getattr(quantization, f"quantize_{kind}")(weight)
+    step = quantized.scales.repeat_interleave(quantized.group, dim=1)  # [OUT, IN]
+    error = (quantized.dequantize() - weight).abs()
+    assert torch.all(error <= step / 2 + 1e-6 * weight.abs().amax())
+    assert torch.equal(quantized.dequantize()[0], weight[0])
+    if kind == "int4":
+        assert quantized.codes.max() == 15 and quantized.codes.min() == 0 and quantized.group == 32
+    else:
+        assert quantized.codes.abs().max() == 127 and quantized.group == IN
