@@ -96,6 +96,15 @@ SUMMARIES = {
         ),
         "spread one model over several processes",
     ),
+    "ch13_quantization": (
+        (
+            "why batch 1 is bytes and overhead; GGUF's Q4_0, Q4_1 and Q8_0 blocks read as codes, scales and "
+            "minimums; int8 and int4 layers that pick a packed or a dense kernel from the rows; bf16 compute; "
+            "the whole decode step as one compiled graph, attention a custom operator; perplexity and greedy "
+            "agreement per format"
+        ),
+        "run the 4-bit GGUF file as it is, or quantize any model at load",
+    ),
 }
 HEADING = re.compile(r"^#\s+(?:\d+\s*·\s*)?(.+?)\s*$", re.MULTILINE)
 
