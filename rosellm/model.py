@@ -23,6 +23,7 @@ from . import attention_op
 from .attention_backend import REFERENCE_BACKEND
 from .attention_metadata import AttentionMetadata
 from .config import ModelConfig
+from .cpu_attention import decode_attention
 from .kv_pool import KVPool
 from .tensor_parallel import all_reduce
 
@@ -123,7 +124,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Store the new keys and values in this layer's caches, attend over them: -> [num_tokens, heads,
         head_dim]. One custom operator, run by the backend named in it (inside
-        `attention_op.forward_context(metadata)`)."""
+        `attention_op.forward_context(metadata)`). A single new token traced by torch.compile for the "cpu"
+        backend is attended inside the graph instead (`attend_one_token`)."""
+        if torch.compiler.is_compiling() and q.shape[0] == 1 and self.backend.name == "cpu":
+            return self.attend_one_token(q, k, v, metadata, kv_pool)
         return attention_op.attention(
             q,
             k,
@@ -138,6 +142,23 @@ class Attention(nn.Module):
             metadata.block_tables,
             self.backend.name,
         )
+
+    def attend_one_token(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool
+    ) -> torch.Tensor:
+        """The step of one sequence decoding one token (batch 1), written as tensor algebra that the compiled
+        step takes whole: no operator call, no Python per layer. Stores the token's key and value at its slot
+        (slot -1, warm-up's "nowhere": the slot keeps what it held), then one query attends to the sequence.
+        q [1, heads, head_dim], k and v [1, kv_heads, head_dim] -> [1, heads, head_dim]."""
+        block_size = kv_pool.keys.shape[2]
+        slot = metadata.slot_mapping.clamp(min=0)  # [1]
+        index = (torch.full_like(slot, self.layer_index), slot // block_size, slot % block_size)
+        store = (metadata.slot_mapping >= 0)[:, None, None]
+        for pool, new in ((kv_pool.keys, k), (kv_pool.values, v)):
+            pool.index_put_(index, torch.where(store, new, pool[index]))
+        key_cache, value_cache = kv_pool.layer(self.layer_index)
+        tables = metadata.block_tables.clamp(min=0).long()  # a block past the sequence's end is masked
+        return decode_attention(q, key_cache, value_cache, tables, metadata.seq_lens)
 
 
 class MLP(nn.Module):

@@ -54,14 +54,16 @@ class ModelRunner:
         if not self.enforce_eager:
             self.warm_up()
 
-    # (new tokens, full blocks cached before them) of each row of a warm-up forward: one decoding sequence,
-    # a prompt, and larger batches, so that the two graphs of the step (one token, more: see
-    # `mark_dynamic_sizes`) and the "cpu" backend's decode kernel for batch and table width 1 or more are
-    # compiled before the first request
+    # (new tokens, full blocks cached before them) of each row of a warm-up forward: one decoding sequence
+    # (the one-token graph, whose attention is traced into it), a prompt, and larger batches, so that the two
+    # graphs of the step (one token, more: see `mark_dynamic_sizes`) and the "cpu" backend's decode kernel
+    # for groups of 1 or more rows and table width 1 or more are compiled before the first request
     WARM_UP_BATCHES = (
         ((1, 0),),
         ((1, 1),),
         ((3, 0),),
+        ((1, 0), (3, 0)),
+        ((1, 1), (3, 0)),
         ((1, 1), (1, 1), (3, 0)),
         ((1, 0), (1, 0)),
     )
@@ -89,9 +91,9 @@ class ModelRunner:
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Run every row's new tokens in one forward; their keys and values go into the pool.
         Returns hidden states [num_tokens, hidden], rows end to end."""
-        width = self.max_blocks_per_seq
+        width = max(len(table) for table in inputs.block_tables)  # the longest table of this step
         tables = [table + [-1] * (width - len(table)) for table in inputs.block_tables]
-        block_tables = torch.tensor(tables, dtype=torch.int32)  # [batch, max_blocks_per_seq], -1: no block
+        block_tables = torch.tensor(tables, dtype=torch.int32)  # [batch, width], -1: no block
         metadata = AttentionMetadata.build(
             inputs.num_new_tokens, inputs.seq_lens, block_tables, self.kv_pool.block_size, self.device
         )
