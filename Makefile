@@ -70,7 +70,7 @@ bench: $(STAMP)
 # Also vLLM's CPU build and llama.cpp, each installed on first use into .peers/NAME (llama.cpp compiles for ~15 min).
 bench-peers: $(STAMP)
 	$(PY) -m benchmarks offline-cpu --peers vllm,llamacpp
-	$(PY) -m benchmarks latency-cpu --peers vllm,llamacpp
+	$(PY) -m benchmarks latency-cpu --peers vllm,vllm-bf16,llamacpp,llamacpp-q4_1
 
 clean-venv:
 	rm -rf $(VENV)

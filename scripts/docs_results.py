@@ -15,6 +15,9 @@ A line of its own in a page
     <!-- measured: tensor-parallel FILE.json -->               chapter 12: all-reduce and engine costs measured here
     <!-- measured: tensor-parallel-model FILE.json -->         chapter 12: bytes and step times modelled at scale
     <!-- measured: chapter-row NN -->                          chapter NN's row of the `chapters` workload
+    <!-- measured: batch-one FILE.json -->                     chapter 13: every weight format and peer at batch 1
+    <!-- measured: quant-kernels FILE.json -->                 chapter 13: the linear kernels at 1 to 64 rows
+    <!-- measured: perplexity FILE.json -->                    chapter 13: perplexity and greedy agreement per format
 
 is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
 with the machine and the load other processes put on it while they were measured.
@@ -98,8 +101,11 @@ def run_line(result: dict) -> str:
     m = result["machine"]
     threads = m["torch_threads"]
     share = m.get("other_processes_cpu_share", result.get("other_processes_cpu_share"))
+    flags = [name.replace("_", "-").upper() for name, has in m.get("cpu_flags", {}).items() if has]
     return (
-        f"*Measured on {result['date']} with `{result['command']}`: {m['cpu']} ({m['cpu_cores']} cores), "
+        f"*Measured on {result['date']} with `{result['command']}`: {m['cpu']} ({m['cpu_cores']} cores"
+        + (f"; {', '.join(flags)}" if flags else "")
+        + "), "
         f"torch {m['torch']} with {threads} thread{'s' if threads != 1 else ''}, "
         f"{result.get('dtype', 'float32')}; {load_words(share)}.*\n"
     )
@@ -526,6 +532,72 @@ def block_tensor_parallel_model(results: Path, name: str) -> str:
     return table(headings, rows) + "\n" + assumed
 
 
+def block_batch_one(results: Path, name: str) -> str:
+    result = load(results, name)
+    rows = []
+    for e in sorted((e for e in result["engines"] if "error" not in e), key=lambda e: e["tpot_ms"]):
+        if e["check"].get("required", True):
+            check = "as transformers'" if e["check"]["passed"] else "**differ from transformers'**"
+        else:
+            check = f"{e['agreement_with_fp32']['equal_token_share']:.0%} of fp32's"
+        share = e["share_of_bandwidth_roofline"]
+        rows.append([e["label"], f"{e['tpot_ms']:.1f}", f"{e['weight_mb_per_token']:.0f}", f"{share:.0%}", check])
+    failed = [f"{e['label']} ({e['error']})" for e in result["engines"] if "error" in e]
+    headings = ["engine, weights", "ms per token", "MB of weights a token reads", "of its bandwidth bound"]
+    return (
+        run_line(result)
+        + "\n"
+        + table(headings + ["greedy tokens"], rows)
+        + ("\nNot run: " + "; ".join(failed) + ".\n" if failed else "")
+    )
+
+
+def block_quant_kernels(results: Path, name: str) -> str:
+    result = load(results, name)
+    columns = sorted({(p["kernel"], p["activation"]) for p in result["per_step"]})
+    ms = {(p["kernel"], p["activation"], p["rows"]): p["ms"] for p in result["per_step"]}
+    counts = sorted({p["rows"] for p in result["per_step"]})
+    rows = [[str(n)] + [f"{ms[(k, a, n)]:.1f}" if (k, a, n) in ms else "–" for k, a in columns] for n in counts]
+    headings = ["rows"] + [f"{kernel}, {activation} activations" for kernel, activation in columns]
+    return (
+        run_line(result)
+        + "\nMilliseconds for every linear layer of one step of SmolLM2 (the 30 layers' four projections and the "
+        "LM head), each layer a distinct matrix so that its weights come from memory:\n\n" + table(headings, rows)
+    )
+
+
+def block_perplexity(results: Path, name: str) -> str:
+    result = load(results, name)
+    rows = []
+    for r in result["variants"]:
+        if r.get("error"):
+            rows.append([r["label"], "–", "–", "–", "–", f"not run: {r['error']}"])
+            continue
+        agreement = r.get("agreement_with_fp32") or {}
+        first = agreement.get("share_identical_for_first_k_tokens", {}).get("16")
+        rows.append(
+            [
+                r["label"],
+                r["compute_dtype"],
+                f"{r['perplexity']:.3f}",
+                f"{r['vs_fp32']:.4f}×" if r.get("vs_fp32") else "–",
+                "–" if r.get("equal_token_share") is None else f"{r['equal_token_share']:.0%}",
+                "–" if first is None else f"{first:.0%}",
+            ]
+        )
+    text = result["text"]
+    return (
+        run_line(result)
+        + f"\nPerplexity on {text['tokens']:,} tokens of `{text['source']}` ({text['windows']} windows of "
+        f"{text['window']}, each scored alone); greedy agreement with fp32 on {result['settings']['requests']} "
+        "requests of offline-cpu:\n\n"
+        + table(
+            ["weights", "compute", "perplexity", "of fp32's", "tokens equal to fp32's", "first 16 tokens equal"],
+            rows,
+        )
+    )
+
+
 BLOCKS = {
     "run": block_run,
     "decode-scaling": block_decode_scaling,
@@ -540,4 +612,7 @@ BLOCKS = {
     "tensor-parallel": block_tensor_parallel,
     "tensor-parallel-model": block_tensor_parallel_model,
     "chapter-row": block_chapter_row,
+    "batch-one": block_batch_one,
+    "quant-kernels": block_quant_kernels,
+    "perplexity": block_perplexity,
 }

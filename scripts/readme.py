@@ -79,7 +79,30 @@ def how_fast_block() -> str:
     )
 
 
-BLOCKS = {"chapters": chapters_block, "how-fast": how_fast_block}
+def batch_one_block() -> str:
+    latency = load("latency_cpu.json")
+    s, busy, machine = latency["settings"], latency["other_processes_cpu_share"], latency["machine"]
+    flags = ", ".join(name.replace("_", "-").upper() for name, has in machine.get("cpu_flags", {}).items() if has)
+    done = sorted((e for e in latency["engines"] if "error" not in e), key=lambda e: e["tpot_ms"])
+    rows = ["| engine | ms per token | MB of weights a token reads | greedy tokens |", "| --- | ---: | ---: | --- |"]
+    for e in done:
+        if e["check"].get("required", True):
+            check = "as transformers'" if e["check"]["passed"] else "**differ from transformers'**"
+        else:
+            check = f"{e['agreement_with_fp32']['equal_token_share']:.0%} as its fp32 row's"
+        rows.append(f"| {e['label']} | {e['tpot_ms']:.1f} | {e['weight_mb_per_token']:.0f} | {check} |")
+    return (
+        f"At batch 1 (one request, a {s['prompt_len']}-token prompt, {s['max_tokens']} output tokens), one run of "
+        f"latency-cpu with the peers (`{latency['command']}`) on {latency['date']}, on a {machine['cpu_cores']}-core "
+        f"{machine['cpu']} ({flags}; {'busy' if busy > BUSY_SHARE else 'idle'}: other processes used "
+        f"{100 * busy:.0f} % of the CPU):\n\n"
+        + "\n".join(rows)
+        + "\n\nThe quantized rows run the bundled file's own 4-bit tensors (`--quantization gguf`) or quantize at "
+        "load (`int8`, `int4`); chapter 13 explains what they trade.\n"
+    )
+
+
+BLOCKS = {"chapters": chapters_block, "how-fast": how_fast_block, "batch-one": batch_one_block}
 
 
 def filled(text: str) -> str:
