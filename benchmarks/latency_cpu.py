@@ -106,7 +106,7 @@ def plot(result: dict, path) -> None:
     """Decode tokens/s of each row beside its bandwidth roofline (left); ms/token against the MB of weights a
     token reads, with the line the measured bandwidth draws (right)."""
     rows = [e for e in result["engines"] if "error" not in e]
-    fig, ((left, right),) = harness.figure_axes(1, 2, (13, 4.6))
+    fig, ((left, right),) = harness.figure_axes(1, 2, (13, 5.4))
     names = [offline_cpu.tick_label(e["label"]) for e in rows]
     colors = ["tab:red" if e["engine"].startswith("rosellm") else "tab:gray" for e in rows]
     values = [e["decode_tokens_per_s"] for e in rows]
@@ -114,7 +114,7 @@ def plot(result: dict, path) -> None:
     left.bar_label(bars, [f"{v:.0f}" for v in values], fontsize=7)
     left.plot(names, [e["bandwidth_roofline_tokens_per_s"] for e in rows], "_", color="black", ms=18, label="roofline")
     left.set(ylabel="decode tokens/s (batch 1)", title="latency-cpu: decode speed, one request")
-    left.tick_params(axis="x", labelsize=6)
+    left.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=6)
     left.legend(fontsize=7)
     megabytes = [e["weight_bytes_per_token"] / 1e6 for e in rows]
     right.scatter(megabytes, [e["tpot_ms"] for e in rows], c=colors, edgecolors="black", zorder=3)
@@ -127,4 +127,6 @@ def plot(result: dict, path) -> None:
     right.set_xlim(left=0)
     right.set_ylim(bottom=0)
     right.legend(fontsize=7)
+    if any("weight_mb_per_token" in e and e["engine"] != "rosellm" for e in rows):  # rows of several formats
+        result = result | {"model": "SmolLM2-135M-Instruct (bundled GGUF; each row's weights as its label says)"}
     harness.save_figure(fig, path, result)
