@@ -8,6 +8,12 @@ from .block_math import blocks_for
 QUANTIZATIONS = ("gguf", "int8", "int4")  # quantization.py
 
 
+def check_quantization(quantization) -> None:
+    """None or one of QUANTIZATIONS; ValueError naming them otherwise."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be None or one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Options of the continuous-batching engine. None means "derived", as each field says.
@@ -68,10 +74,7 @@ class EngineConfig:
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(
-                f"quantization must be None or one of {', '.join(QUANTIZATIONS)}; got {self.quantization!r}"
-            )
+        check_quantization(self.quantization)
         if self.quantization is not None and self.tensor_parallel_size > 1:
             raise ValueError(
                 f"quantization {self.quantization!r} with tensor_parallel_size > 1 is not supported: "

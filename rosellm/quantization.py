@@ -21,16 +21,11 @@ from torch import nn
 
 from . import cpu_features, loader
 from .config import ModelConfig
-from .engine_config import QUANTIZATIONS
+from .engine_config import check_quantization
 from .model import LlamaForCausalLM
 from .quantized_linear import GROUP, Int8Linear, QuantizedEmbedding, QuantizedWeight, quantized_linear
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def check_quantization(quantization) -> None:
-    if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be None or one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
 
 
 def compute_dtype(dtype, quantization: str | None, device) -> torch.dtype:
