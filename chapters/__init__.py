@@ -49,6 +49,9 @@ CAPABILITIES = {
     "quantization": (
         "weights in fewer bytes: GGUF's own quantized tensors, int8/int4 at load, bf16 (`quantization`, `dtype`)"
     ),
+    "speculative_decoding": (
+        "`speculative_config`: tokens proposed cheaply (n-gram, a draft model) and verified in one step, exactly"
+    ),
 }
 
 

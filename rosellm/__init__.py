@@ -6,7 +6,7 @@ from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 
-__chapter__ = "13_quantization"
+__chapter__ = "14_speculative_decoding"
 __capabilities__ = frozenset(
     {
         "kv_cache",
@@ -24,6 +24,7 @@ __capabilities__ = frozenset(
         "compiled",
         "tensor_parallel",
         "quantization",
+        "speculative_decoding",
     }
 )
 __all__ = ["CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
