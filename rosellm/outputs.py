@@ -18,6 +18,31 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True)
+class SpecDecodeStats:
+    """Speculative decoding's counts, for one request or the whole engine (vLLM's names)."""
+
+    num_drafts: int = 0  # verify steps that checked at least one proposed token
+    num_draft_tokens: int = 0  # proposed tokens the target checked
+    num_accepted_tokens: int = 0  # of those, accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verify step: the target's own token, and the drafts it accepted."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    def __add__(self, other: "SpecDecodeStats") -> "SpecDecodeStats":
+        return SpecDecodeStats(
+            self.num_drafts + other.num_drafts,
+            self.num_draft_tokens + other.num_draft_tokens,
+            self.num_accepted_tokens + other.num_accepted_tokens,
+        )
+
+
 @dataclass
 class RequestOutput:
     """A request's answers so far. `token_ids`, `text` and `finish_reason` are those of the first answer."""
@@ -27,6 +52,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    spec_decode: SpecDecodeStats | None = None  # all answers' drafts together; None without speculation
 
     @property
     def token_ids(self) -> list[int]:
