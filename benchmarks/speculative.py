@@ -150,7 +150,9 @@ def measure(args, s: dict, chosen: list) -> dict:
     k = max(s["num_speculative_tokens"], s["draft_tokens"])
     options = dict(max_num_seqs=batch, max_num_batched_tokens=max(s["max_batch_tokens"], longest), block_size=16)
     options |= dict(max_model_len=longest + 1, enforce_eager=bool(s["enforce_eager"]))
-    options |= dict(num_kv_blocks=offline_cpu.kv_blocks(everything, 16) + batch * (2 + math.ceil(k / 16)))
+    options["enable_prefix_caching"] = False  # each row prefills its prompts, whatever ran before (as vLLM here)
+    widest = sorted(everything, key=lambda r: len(r[0]) + r[1])[-batch:]  # the most a batch can hold at once
+    options |= dict(num_kv_blocks=offline_cpu.kv_blocks(widest, 16) + batch * (2 + math.ceil(k / 16)))
     warmup = [[p[:16], 8] for p, _ in sets["copy"][:2]]
     common = dict(module=point.module, model=args.model, threads=args.threads, batches=s["batch"], sets=sets)
     common |= dict(engine_options=options, warmup=warmup)
