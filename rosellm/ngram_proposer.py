@@ -27,6 +27,9 @@ class NgramProposer:
     def forget(self, key: object) -> None:
         """Nothing to free: the proposer keeps no state."""
 
+    def close(self) -> None:
+        """Nothing to let go of."""
+
     def lookup(self, token_ids: list[int], num_tokens: int) -> list[int]:
         """Up to `num_tokens` tokens that followed the longest n-gram match; [] when none matches."""
         tokens = np.asarray(token_ids)  # [length]
