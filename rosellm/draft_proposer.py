@@ -18,31 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import loader
 from .block_manager import BlockManager
 from .model_runner import ModelRunner
 from .proposer import Draft, DraftRequest
-from .quantization import read_config
-from .sampling import SamplingParams, apply_top_k, apply_top_p
+from .rejection_sampler import target_probs
 from .step_inputs import StepInputs
-
-
-def check_draft_vocabulary(target_vocab_size: int, draft_model) -> None:
-    """The draft must propose token ids the target reads the same way: ValueError naming both vocabulary
-    sizes when they differ. Reads only the draft's config (config.json, or a GGUF file's header)."""
-    draft_vocab_size = read_config(loader.model_source(draft_model)).vocab_size
-    if draft_vocab_size != target_vocab_size:
-        raise ValueError(
-            f"the draft model's vocabulary has {draft_vocab_size} tokens, the target's {target_vocab_size}: "
-            "a draft model must share the target's vocabulary"
-        )
-
-
-def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits [rows, vocab] -> the distributions [rows, vocab] fp32 that `params` samples from
-    (temperature, then top-k, then top-p)."""
-    logits = logits.float() / params.temperature
-    return apply_top_p(apply_top_k(logits, params.top_k), params.top_p).softmax(dim=-1)
 
 
 @dataclass

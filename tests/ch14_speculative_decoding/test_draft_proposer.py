@@ -164,7 +164,7 @@ def test_forget_returns_every_block(checkpoint, make_proposer):
     assert proposer.num_free_blocks == proposer.num_total_blocks
 
 
-def test_sampled_drafts_come_with_their_distributions(checkpoint, draft_module, make_proposer, oracle_engine):
+def test_sampled_drafts_come_with_their_distributions(checkpoint, make_proposer, oracle_engine):
     params = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
     proposer = make_proposer()
     generator = torch.Generator().manual_seed(1)
@@ -175,7 +175,8 @@ def test_sampled_drafts_come_with_their_distributions(checkpoint, draft_module, 
     assert all(draft.probs[i, token] > 0 for i, token in enumerate(draft.token_ids))
     # each row is the draft model's distribution after the tokens before it, filtered as the target filters
     logits = oracle_engine.prompt_logits(PROMPTS[0] + draft.token_ids[:3])[len(PROMPTS[0]) - 1 :]  # [4, vocab]
-    expected = draft_module.target_probs(logits, checkpoint.SamplingParams(**params))
+    rejection_sampler = importlib.import_module(f"{checkpoint.__name__}.rejection_sampler")
+    expected = rejection_sampler.target_probs(logits, checkpoint.SamplingParams(**params))
     torch.testing.assert_close(draft.probs, expected, atol=1e-5, rtol=1e-4)
     assert (draft.probs > 0).sum(-1).max() <= 50
 
@@ -186,28 +187,26 @@ def test_sampled_drafts_come_with_their_distributions(checkpoint, draft_module, 
     torch.testing.assert_close(again.probs, draft.probs)
 
 
-def test_a_vocabulary_mismatch_is_refused_before_any_weight_is_read(
-    checkpoint, draft_module, tiny_model_dirs, smollm2_path, monkeypatch
+def test_a_draft_with_another_vocabulary_is_refused_before_any_weight_is_read(
+    checkpoint, tiny_model_dirs, smollm2_path, monkeypatch
 ):
     def never(*args, **kwargs):
         raise AssertionError("weights were read")
 
     loader = importlib.import_module(f"{checkpoint.__name__}.loader")
+    runner = importlib.import_module(f"{checkpoint.__name__}.model_runner")
     quantization = importlib.import_module(f"{checkpoint.__name__}.quantization")
     for module, name in [
         (loader, "load_model"),
         (loader, "load_file"),
         (loader, "gguf_to_hf_folder"),
+        (runner, "load_model"),
         (quantization, "load_gguf_model"),
     ]:
         monkeypatch.setattr(module, name, never)
-    folder = tiny_model_dirs["gqa"]
-    vocab_size = quantization.read_config(folder).vocab_size
-    draft_module.check_draft_vocabulary(vocab_size, folder)
-    with pytest.raises(ValueError, match=f"{vocab_size + 1}.*{vocab_size}|{vocab_size}.*{vocab_size + 1}"):
-        draft_module.check_draft_vocabulary(vocab_size + 1, folder)
-    with pytest.raises(ValueError, match=f"49152 tokens, the target's {vocab_size}"):
-        draft_module.check_draft_vocabulary(vocab_size, smollm2_path)  # a GGUF file: its header alone
+    draft = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(smollm2_path), "quantization": None}
+    with pytest.raises(ValueError, match=r"draft model's vocabulary \(49152 tokens\).*target's \(384 tokens\)"):
+        checkpoint.LLMEngine(tiny_model_dirs["gqa"], enforce_eager=True, speculative_config=draft)
 
 
 @pytest.mark.slow
@@ -227,9 +226,10 @@ def test_a_compiled_draft_beside_a_compiled_target(checkpoint, make_proposer, or
     before = target_logits()
     proposer = make_proposer(enforce_eager=False)
     graphs = counters["stats"]["unique_graphs"]
-    drafts = proposer.propose([request(checkpoint, key, ids, 3, **GREEDY) for key, ids in enumerate(PROMPTS)])
-    for draft, ids in zip(drafts, PROMPTS):
-        assert draft.token_ids == greedy_continuation(oracle_engine, ids, 3)
+    num_tokens = [2, 3, 4]  # one-token forwards of 3 rows, 2, then 1 (the one-token graph)
+    requests = [request(checkpoint, key, ids, k, **GREEDY) for key, (ids, k) in enumerate(zip(PROMPTS, num_tokens))]
+    for draft, ids, k in zip(proposer.propose(requests), PROMPTS, num_tokens):
+        assert draft.token_ids == greedy_continuation(oracle_engine, ids, k)
     torch.testing.assert_close(target_logits(), before, atol=0, rtol=0)
     assert counters["stats"]["unique_graphs"] == graphs
     target.close()
