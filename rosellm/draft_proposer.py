@@ -29,7 +29,7 @@ from .step_inputs import StepInputs
 class DraftRecord:
     """What the draft's pool holds for one sequence."""
 
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)  # grown and freed by the block manager, as a sequence's
     token_ids: list[int] = field(default_factory=list)  # tokens whose keys and values are written, in order
 
 
