@@ -209,6 +209,28 @@ def test_a_draft_with_another_vocabulary_is_refused_before_any_weight_is_read(
         checkpoint.LLMEngine(tiny_model_dirs["gqa"], enforce_eager=True, speculative_config=draft)
 
 
+def test_in_the_engine_every_record_is_forgotten_and_greedy_answers_are_unchanged(checkpoint, tiny_model_dirs):
+    """The engine's proposer with the default int4 draft: the answers are the target's own, and once every
+    request has finished (or was aborted) the draft's pool is whole again."""
+    folder = tiny_model_dirs["gqa"]
+    params = checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = checkpoint.LLM(folder, enforce_eager=True).generate(PROMPTS, params, use_tqdm=False)
+    draft = {"method": "draft_model", "num_speculative_tokens": 3}
+    llm = checkpoint.LLM(folder, enforce_eager=True, speculative_config=draft)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [out.token_ids for out in outputs] == [out.token_ids for out in plain]
+    assert sum(out.spec_decode.num_draft_tokens for out in outputs) > 0
+    proposer = llm.llm_engine.proposer
+    assert proposer.records == {} and proposer.num_free_blocks == proposer.num_total_blocks
+    engine = llm.llm_engine
+    engine.add_request("aborted", PROMPTS[0], params)
+    engine.step()  # the prompt, and the first token
+    engine.step()  # drafts, verified
+    assert list(proposer.records) == [engine.scheduler.running[0]]
+    engine.abort_request("aborted")
+    assert proposer.records == {} and proposer.num_free_blocks == proposer.num_total_blocks
+
+
 @pytest.mark.slow
 def test_a_compiled_draft_beside_a_compiled_target(checkpoint, make_proposer, oracle_engine, tiny_model_dirs):
     """Two compiled runners in one process (the attention operator, its forward context, packed weights,
