@@ -3,10 +3,12 @@ that do not.
 
 Two sets of requests, greedy, EOS ignored, `max_tokens` each:
 
-- copy: prompts whose answer copies their context, made from text that ships with Python: "Repeat the
-  following paragraph exactly" with a paragraph of `pydoc_data/topics.py`, and "Rewrite it with the variable
-  `x` renamed to `value`" with a function of the standard library (`inspect.getsource`, a fixed list), each
-  in the model's chat template; half of each kind, chosen the same way on every run.
+- copy: prompts whose answer copies their context, made from text that ships with Python: a paragraph of
+  `pydoc_data/topics.py` followed by "The same text, copied exactly:", and a function of the standard
+  library (`inspect.getsource`, a fixed list) followed by a comment announcing the same function with its
+  variable `x` renamed to `value`; half of each kind, chosen the same way on every run. They are plain text
+  for the model to continue, not chat turns: asked in a chat turn to repeat a paragraph, a 135M-parameter
+  model paraphrases it instead.
 - random: offline-cpu's random prompt token ids (`harness.random_requests`, its lengths and seed).
 
 Each set runs through rosellm's `LLM` at each batch size (1: one request at a time; 8: eight requests in one
@@ -53,8 +55,8 @@ FUNCTIONS = [
     ("reprlib", "Repr.repr_str"),
     ("statistics", "NormalDist.zscore"),
 ]
-PARAGRAPH = "Repeat the following paragraph exactly:\n{}"
-FUNCTION = "Here is a Python function. Rewrite it with the variable `x` renamed to `value`:\n{}"
+PARAGRAPH = "Text:\n{}\n\nThe same text, copied exactly:\n"
+FUNCTION = "{}\n\n\n# The same function, with the variable `x` renamed to `value`:\n"
 METHODS = {"none": "no speculation", "ngram": "n-gram", "draft_model": "draft model"}
 COLUMNS = {"set": "prompts", "batch": "batch", "label": "speculation", "output_tokens_per_s": "output tok/s"}
 COLUMNS |= {"speedup": "x none", "tokens_per_target_forward": "tokens/forward", "acceptance_rate": "accepted"}
@@ -109,8 +111,7 @@ def function_source(module: str, qualname: str, max_chars: int) -> str:
 
 def copy_prompts(model: str | None, count: int, max_chars: int) -> list[list[int]]:
     """The copying prompts as token ids: paragraphs first, then functions (half of `count` each, the
-    paragraphs one more when it is odd), each a user turn of the model's chat template."""
-    from rosellm.chat_template import chat_prompt
+    paragraphs one more when it is odd), as plain text to continue."""
     from rosellm.loader import load_tokenizer, resolve_model_folder
 
     functions = count // 2
@@ -119,7 +120,7 @@ def copy_prompts(model: str | None, count: int, max_chars: int) -> list[list[int
     texts = [PARAGRAPH.format(p) for p in paragraphs(count - functions, max_chars)]
     texts += [FUNCTION.format(function_source(m, q, max_chars)) for m, q in FUNCTIONS[:functions]]
     tokenizer = load_tokenizer(resolve_model_folder(model))
-    return [tokenizer.encode(chat_prompt(tokenizer, [{"role": "user", "content": text}])) for text in texts]
+    return [tokenizer.encode(text) for text in texts]
 
 
 def request_sets(model: str | None, s: dict, vocab_size: int) -> dict[str, list]:
