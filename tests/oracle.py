@@ -1,16 +1,21 @@
 """Hugging Face transformers as the oracle: greedy generation and logits to compare against."""
 
+import weakref
+
 import torch
 
-_greedy_cache: dict = {}  # every checkpoint is compared with the same references: compute each once
+# Every checkpoint is compared with the same references: compute each once, per model object. Keyed by the
+# model itself, weakly (not by its id: a short-lived model's id is reused by the next one, which would then
+# read the first one's answers).
+_greedy_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """transformers `generate(do_sample=False)` for one prompt: the generated ids (stops at EOS)."""
-    key = (id(hf_model), tuple(prompt_ids), max_new_tokens)
-    if key not in _greedy_cache:
-        _greedy_cache[key] = _hf_greedy(hf_model, list(prompt_ids), max_new_tokens)
-    return list(_greedy_cache[key])
+    answers, key = _greedy_cache.setdefault(hf_model, {}), (tuple(prompt_ids), max_new_tokens)
+    if key not in answers:
+        answers[key] = _hf_greedy(hf_model, list(prompt_ids), max_new_tokens)
+    return list(answers[key])
 
 
 @torch.inference_mode()
