@@ -6,6 +6,7 @@ Options are checked before the model loads; a bad one ends the run with one line
 
 import argparse
 import importlib
+import json
 import sys
 import threading
 import time
@@ -17,6 +18,8 @@ from . import attention_backend, loader
 from .chat_template import chat_prompt
 from .engine_config import QUANTIZATIONS
 from .quantization import check_options
+from .speculative_config import SpeculativeConfig
+from .speculative_decoding import check_draft_model
 
 DEMO_QUESTIONS = [
     "What is the capital of France?",
@@ -51,6 +54,16 @@ def at_least(low, kind, inclusive=True):
         return value
 
     return parse
+
+
+def speculative_config(text: str) -> SpeculativeConfig:
+    """--speculative-config: vLLM's dict as JSON, checked as the engine checks it."""
+    try:
+        return SpeculativeConfig.from_dict(json.loads(text))
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error}): {text}") from None
+    except (TypeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def probability(text: str) -> float:
@@ -117,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
             default="auto",
             help="compute dtype (from chapter 13); auto: bfloat16 with --quantization on a CPU with native "
             "bf16, else float32 (bfloat16 on CUDA)",
+        )
+        p.add_argument(
+            "--speculative-config",
+            type=speculative_config,
+            default=None,
+            metavar="JSON",
+            help='speculative decoding (from chapter 14), vLLM\'s dict, e.g. \'{"method": "ngram", '
+            '"num_speculative_tokens": 4}\' or \'{"method": "draft_model", "num_speculative_tokens": 3}\' '
+            "(the model's own weights in int4 propose)",
         )
     for p in (gen, demo):
         p.add_argument("--max-tokens", type=at_least(1, int), default=128, help="most tokens to generate")
@@ -191,6 +213,11 @@ def check_quantization(args) -> None:
     except ValueError as error:
         option = "--quantization" if args.quantization else "--dtype"
         raise BadOption(f"{option} {args.quantization or args.dtype}: {error}") from None
+    if args.speculative_config is not None:
+        try:
+            check_draft_model(args.model, args.device, args.speculative_config)
+        except ValueError as error:
+            raise BadOption(f"--speculative-config: {error}") from None
 
 
 def engine_package(args):
@@ -218,6 +245,10 @@ def engine_package(args):
         raise BadOption(
             f"--quantization, --dtype: chapter {chosen.number:02d} has neither (quantization arrives in chapter 13)"
         )
+    if args.speculative_config is not None and "speculative_decoding" not in chosen.capabilities:
+        raise BadOption(
+            f"--speculative-config: chapter {chosen.number:02d} has no speculative decoding (it arrives in chapter 14)"
+        )
     if args.attention_backend is not None and "triton_kernels" not in chosen.capabilities:
         raise BadOption(
             f"--attention-backend: chapter {chosen.number:02d} has a single attention path "
@@ -239,6 +270,8 @@ def engine_options(args) -> dict:
         options["quantization"] = args.quantization
     if args.dtype != "auto":
         options["dtype"] = args.dtype
+    if args.speculative_config is not None:
+        options["speculative_config"] = args.speculative_config
     return options
 
 

@@ -74,6 +74,12 @@ class BlockManager:
             raise NoFreeBlocksError(f"{seq.request_id!r} needs {missing} blocks, {self.num_free_blocks} are free")
         seq.block_table.extend(self.allocator.allocate() for _ in range(missing))
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks beyond those `seq`'s computed tokens fill (slots of rejected drafts)."""
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        self.allocator.free(*seq.block_table[keep:])
+        del seq.block_table[keep:]
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` reads the same blocks as `parent`: one owner more for each."""
         for block_id in parent.block_table:

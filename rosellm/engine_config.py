@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass
 
 from .block_math import blocks_for
+from .speculative_config import SpeculativeConfig
 
 QUANTIZATIONS = ("gguf", "int8", "int4")  # quantization.py
 
@@ -38,6 +39,8 @@ class EngineConfig:
     quantization:           weights in fewer bytes (quantization.py): None (fp32 weights), "gguf" (a .gguf
                             file's own quantized tensors), "int8" or "int4" (quantized at load); not with
                             tensor parallelism
+    speculative_config:     speculative decoding (speculative_config.py): vLLM's dict, e.g. {"method": "ngram",
+                            "num_speculative_tokens": 4}; None: off
     """
 
     max_model_len: int | None = None
@@ -53,6 +56,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     tensor_parallel_size: int = 1
     quantization: str | None = None
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self):
         for name in (
@@ -80,6 +84,19 @@ class EngineConfig:
                 f"quantization {self.quantization!r} with tensor_parallel_size > 1 is not supported: "
                 "quantized layers run in one process"
             )
+
+        if self.speculative_config is not None:
+            self._check_speculative(SpeculativeConfig.from_dict(self.speculative_config))
+
+    def _check_speculative(self, speculative: SpeculativeConfig) -> None:
+        """k drafts and the token before them must fit one step's budget, and a sequence."""
+        object.__setattr__(self, "speculative_config", speculative)
+        budget = self.max_num_batched_tokens or 2048  # the smallest default budget (see the docstring)
+        k = speculative.num_speculative_tokens
+        if k + 1 > budget:
+            raise ValueError(f"num_speculative_tokens ({k}) + 1 must fit max_num_batched_tokens ({budget})")
+        if self.max_model_len is not None and k + 1 >= self.max_model_len:
+            raise ValueError(f"num_speculative_tokens ({k}) + 1 must be < max_model_len ({self.max_model_len})")
 
     def watermark_blocks(self, num_kv_blocks: int) -> int:
         return math.ceil(self.watermark * num_kv_blocks)

@@ -1,7 +1,8 @@
 """What the server's `/metrics` reports, in Prometheus' text format (names as vLLM's, prefixed `rosellm:`).
 
 The engine's load (requests running and waiting), its KV pool (blocks used and free), its prefix cache (prompt
-tokens looked up and found), and what clients feel: time to first token and inter-token latency, as histograms.
+tokens looked up and found), speculative decoding's drafts (proposed and accepted), and what clients feel:
+time to first token and inter-token latency, as histograms.
 The engine thread records, the server renders: every access holds one lock.
 """
 
@@ -10,6 +11,7 @@ import threading
 from bisect import bisect_left
 
 from .llm_engine import EngineStats
+from .outputs import SpecDecodeStats
 
 # Seconds: from a millisecond (a tiny model's step) to a long queue under load.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -45,6 +47,7 @@ class EngineMetrics:
         self.requests_running = self.requests_waiting = 0
         self.blocks_used = self.blocks_free = 0
         self.prefix_cache_queries = self.prefix_cache_hits = 0  # prompt tokens looked up / found in the cache
+        self.spec_decode: SpecDecodeStats | None = None  # drafts proposed and accepted; None: no speculation
         self.time_to_first_token = Histogram()
         self.inter_token_latency = Histogram()
 
@@ -57,6 +60,7 @@ class EngineMetrics:
             self.blocks_free = stats.num_free_blocks
             self.blocks_used = stats.num_total_blocks - stats.num_free_blocks
             self.prefix_cache_queries, self.prefix_cache_hits = stats.prefix_cache_queries, stats.prefix_cache_hits
+            self.spec_decode = stats.spec_decode
 
     def record_first_output(self, seconds: float) -> None:
         """A request's first token came `seconds` after it arrived."""
@@ -83,6 +87,19 @@ class EngineMetrics:
                 ("time_to_first_token_seconds", "histogram", "Arrival to first token.", self.time_to_first_token),
                 ("inter_token_latency_seconds", "histogram", "Between successive tokens.", self.inter_token_latency),
             ]
+            if (spec := self.spec_decode) is not None:  # vLLM's counters, and what they give
+                metrics += [
+                    ("spec_decode_num_drafts_total", "counter", "Verify steps with proposed tokens.", spec.num_drafts),
+                    ("spec_decode_num_draft_tokens_total", "counter", "Proposed tokens.", spec.num_draft_tokens),
+                    ("spec_decode_num_accepted_tokens_total", "counter", "Accepted tokens.", spec.num_accepted_tokens),
+                    ("spec_decode_acceptance_rate", "gauge", "Accepted / proposed tokens.", spec.acceptance_rate),
+                    (
+                        "spec_decode_mean_acceptance_length",
+                        "gauge",
+                        "Tokens per verify step (1 + accepted / drafts).",
+                        spec.mean_acceptance_length,
+                    ),
+                ]
             lines = []
             for short_name, kind, help_text, value in metrics:
                 name = f"rosellm:{short_name}"

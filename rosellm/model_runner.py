@@ -103,10 +103,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sampling_logits(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
-        """[num_tokens, hidden] -> logits [rows that sample, vocab_size] at the last new token of each row
-        whose chunk reaches its sequence's end (a chunk in the middle of a prompt has nothing to sample)."""
+        """[num_tokens, hidden] -> logits [positions that sample, vocab_size]: the last new token of each row
+        whose chunk reaches its sequence's end (a chunk in the middle of a prompt has nothing to sample),
+        and before it, in order, the positions of the row's drafts (the target's verdict on each)."""
         ends = torch.tensor(inputs.num_new_tokens, device=hidden.device).cumsum(0) - 1
-        return self.model.compute_logits(hidden[ends[torch.tensor(inputs.samples, device=hidden.device)]])
+        if inputs.num_drafts is None:
+            return self.model.compute_logits(hidden[ends[torch.tensor(inputs.samples, device=hidden.device)]])
+        positions = [
+            position
+            for end, samples, num_drafts in zip(ends.tolist(), inputs.samples, inputs.num_drafts)
+            if samples
+            for position in range(end - num_drafts, end + 1)
+        ]
+        return self.model.compute_logits(hidden[positions])
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy on write: each (source, copy) pair's keys and values, in every layer, in order."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from .detokenizer import IncrementalDetokenizer
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, RequestOutput, SpecDecodeStats
 from .sequence import Sequence
 from .stop_strings import StopStringMatcher
 
@@ -29,11 +29,14 @@ class RequestState:
 
     prompt: str | None
     samples: list[Sample]
+    spec_decode: SpecDecodeStats | None = None  # its drafts, proposed and accepted (with speculative decoding)
 
     @classmethod
-    def start(cls, prompt: str | None, seq: Sequence, tokenizer, generators: list) -> "RequestState":
+    def start(
+        cls, prompt: str | None, seq: Sequence, tokenizer, generators: list, speculative: bool = False
+    ) -> "RequestState":
         """A new request's record: its one sequence, and per sample (`generators` has one each) a detokenizer,
-        a random stream and a stop-string matcher."""
+        a random stream and a stop-string matcher; counts of its drafts if `speculative`."""
         samples = [
             Sample(
                 seq if index == 0 else None,
@@ -43,7 +46,7 @@ class RequestState:
             )
             for index, generator in enumerate(generators)
         ]
-        return cls(prompt, samples)
+        return cls(prompt, samples, SpecDecodeStats() if speculative else None)
 
     @property
     def seqs(self) -> list[Sequence]:
@@ -76,5 +79,10 @@ class RequestState:
             if (seq := sample.seq) is not None
         ]
         return RequestOutput(
-            first.request_id, self.prompt, list(first.prompt_token_ids), completions, first.num_cached_tokens or 0
+            first.request_id,
+            self.prompt,
+            list(first.prompt_token_ids),
+            completions,
+            first.num_cached_tokens or 0,
+            self.spec_decode,
         )

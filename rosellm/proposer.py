@@ -35,3 +35,7 @@ class Proposer(Protocol):
     def forget(self, key: object) -> None:
         """The sequence `key` finished or was aborted: free whatever the proposer holds for it."""
         ...
+
+    def close(self) -> None:
+        """Let go of what the proposer holds (a draft model, its KV pool)."""
+        ...

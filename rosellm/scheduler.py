@@ -20,11 +20,20 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # (source, copy) blocks, before the forward
     undo: "SchedulerState | None" = field(default=None, repr=False)
+    # per row: proposed tokens it verifies after its last token (speculative decoding; the last of its new tokens)
+    drafts: list[list[int]] | None = None
+
+    def __post_init__(self):
+        if self.drafts is None:
+            self.drafts = [[] for _ in self.scheduled]
 
     @property
     def samples(self) -> list[bool]:
         """Whether each row samples a token: only a chunk that reaches the sequence's end does."""
-        return [seq.num_computed_tokens + n == seq.num_tokens for seq, n in zip(self.scheduled, self.num_new_tokens)]
+        return [
+            seq.num_computed_tokens + n - len(draft) == seq.num_tokens
+            for seq, n, draft in zip(self.scheduled, self.num_new_tokens, self.drafts)
+        ]
 
 
 @dataclass
@@ -54,6 +63,10 @@ class Scheduler:
     prefix caching, its full blocks wait in the evictor: mostly a cache hit). No one is admitted in a step
     that preempted. Without chunked prefill, a prompt must fit what the budget has left whole, or it waits.
     A sequence about to write into a block it shares gets a copy first (copy on write).
+
+    With speculative decoding, a decoding sequence may come with drafts: tokens proposed to follow its last
+    one. It then runs them too (a short chunk: its last token and the drafts), as many as the budget and the
+    free blocks allow; nobody is preempted to make room for a draft.
 
     `schedule` changes the bookkeeping at once (the forward needs real block ids) and records how to
     undo it: `rollback(plan)` puts everything back if the step fails.
@@ -92,11 +105,12 @@ class Scheduler:
     def num_seats(self) -> int:
         return sum(seq.num_seats for seq in self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: dict[Sequence, list[int]] | None = None) -> SchedulerOutput:
+        """The next step's plan; `drafts`: proposed tokens per decoding sequence (speculative decoding)."""
         undo = self._save()
         plan: dict[Sequence, int] = {}  # sequence -> new tokens, in row order
         copies: dict[Sequence, tuple[int, int]] = {}  # sequence -> the block it copies before writing
-        preempted = self._schedule_running(plan, copies)
+        preempted = self._schedule_running(plan, copies, drafts or {})
         budget = self.max_num_batched_tokens - sum(plan.values())
         num_prefills = 0
         while not preempted and self.waiting and budget > 0:
@@ -121,21 +135,32 @@ class Scheduler:
             plan[seq] = num_new
             budget -= num_new
             num_prefills += 1
-        return SchedulerOutput(list(plan), list(plan.values()), num_prefills, preempted, list(copies.values()), undo)
+        scheduled_drafts = [
+            (drafts or {}).get(seq, [])[: max(0, num_new - seq.num_uncomputed_tokens)] for seq, num_new in plan.items()
+        ]
+        return SchedulerOutput(
+            list(plan), list(plan.values()), num_prefills, preempted, list(copies.values()), undo, scheduled_drafts
+        )
 
-    def _schedule_running(self, plan: dict[Sequence, int], copies: dict[Sequence, tuple[int, int]]) -> list[Sequence]:
-        """Decodes first, then the next chunks of prompts part-way through; each gets blocks for its new
-        tokens (and a copy of a shared block it writes into), preempting the newest running sequences
-        when the pool runs out."""
+    def _schedule_running(
+        self, plan: dict[Sequence, int], copies: dict[Sequence, tuple[int, int]], drafts: dict[Sequence, list[int]]
+    ) -> list[Sequence]:
+        """Decodes first (with their drafts, as far as the budget and the free blocks go), then the next
+        chunks of prompts part-way through; each gets blocks for its new tokens (and a copy of a shared
+        block it writes into), preempting the newest running sequences when the pool runs out."""
         budget, preempted = self.max_num_batched_tokens, []
         decoding = [seq for seq in self.running if seq.num_uncomputed_tokens == 1]
         prefilling = [seq for seq in self.running if seq.num_uncomputed_tokens > 1]
         for seq in decoding + prefilling:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # already preempted to make room for an older sequence
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = min(seq.num_uncomputed_tokens + len(drafts.get(seq, ())), budget)
             if num_new == 0:
                 break  # the budget is spent: the remaining chunks wait for the next step
+            while num_new > seq.num_uncomputed_tokens and not self.block_manager.can_grow(
+                seq, seq.num_computed_tokens + num_new
+            ):
+                num_new -= 1  # a draft the pool has no room for is dropped, not paid for by a preemption
             while not self.block_manager.can_grow(seq, seq.num_computed_tokens + num_new):
                 victim = self.running[-1]
                 self._preempt(victim)

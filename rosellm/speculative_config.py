@@ -13,7 +13,6 @@ quantization            draft model: its weights' quantization ("int4" by defaul
 
 from dataclasses import dataclass, fields
 
-from .engine_config import check_quantization
 from .sampling import integer
 
 METHODS = ("ngram", "draft_model")
@@ -44,8 +43,6 @@ class SpeculativeConfig:
                 raise ValueError(f"prompt_lookup_min and _max must satisfy 1 <= min <= max, got {low} and {high}")
             object.__setattr__(self, "prompt_lookup_min", low)
             object.__setattr__(self, "prompt_lookup_max", high)
-        else:
-            check_quantization(self.quantization)
 
     @classmethod
     def from_dict(cls, options) -> "SpeculativeConfig":

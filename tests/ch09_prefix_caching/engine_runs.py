@@ -31,8 +31,8 @@ def run(engine, requests, params, max_steps: int = 5000) -> Run:
     SamplingParams. Runs until everything finished; checks that every block is free at the end."""
     result, schedule = Run(), engine.scheduler.schedule
 
-    def recording_schedule():
-        result.plans.append(schedule())
+    def recording_schedule(*drafts):  # from chapter 14, the drafts of speculative decoding
+        result.plans.append(schedule(*drafts))
         return result.plans[-1]
 
     engine.scheduler.schedule = recording_schedule
