@@ -11,6 +11,8 @@ then every request is submitted at t = 0. Every request is greedy with EOS ignor
   hf-continuous  transformers' continuous batching (the manager behind `generate_batch`)
   checkpoint     one chapter checkpoint's `LLM.generate`
   perplexity     rosellm's `LLMEngine` scoring windows of text (`prompt_logits`), then greedy requests
+  speculative    rosellm's `LLM` with or without a `speculative_config`, each set of requests at each batch
+                 size: tokens, time and each request's speculative-decoding counts
 """
 
 import contextlib
@@ -350,7 +352,41 @@ def task_checkpoint(spec: dict) -> dict:
     return result | {"tokens": [list(o.token_ids) for o in outputs], "memory": memory}
 
 
+def task_speculative(spec: dict) -> dict:
+    """rosellm's `LLM` (`spec["module"]`) with `spec["speculative_config"]` (None: without speculation). Each
+    set of `spec["sets"]` (name -> requests) runs at each batch size b of `spec["batches"]`: its requests b at
+    a time, one `generate` per group. A warm-up first makes the one-token and the many-token graphs."""
+    rosellm = importlib.import_module(spec["module"])
+    options = spec.get("engine_options", {})
+    if spec.get("speculative_config"):
+        options = options | {"speculative_config": spec["speculative_config"]}
+    llm, load_s = load_timed(lambda: rosellm.LLM(spec.get("model"), "cpu", torch.float32, **options))
+    for prompts in ([p for p, _ in spec["warmup"][:1]], [p for p, _ in spec["warmup"]]):
+        timed_generate(rosellm, llm, prompts, [m for _, m in spec["warmup"][: len(prompts)]])
+    runs = []
+    for name, requests in spec["sets"].items():
+        for batch in spec["batches"]:
+            wall, tokens, counts = 0.0, [], []
+            for lo in tqdm(range(0, len(requests), batch), desc=f"{name}, batch {batch}", unit="generate"):
+                group = requests[lo : lo + batch]
+                seconds, outputs = timed_generate(rosellm, llm, [p for p, _ in group], [m for _, m in group])
+                wall += seconds
+                tokens += [list(o.token_ids) for o in outputs]
+                counts += [spec_decode_counts(o.spec_decode) for o in outputs]
+            runs.append(dict(set=name, batch=batch, wall_s=wall, tokens=tokens, spec_decode=counts))
+    return dict(engine="rosellm", load_s=load_s, runs=runs)
+
+
+def spec_decode_counts(stats) -> dict | None:
+    """A request's `SpecDecodeStats` as a dict of its three counts (None without speculation)."""
+    if stats is None:
+        return None
+    keys = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    return {key: getattr(stats, key) for key in keys}
+
+
 TASKS = {"rosellm": task_rosellm, "checkpoint": task_checkpoint, "perplexity": task_perplexity}
+TASKS |= {"speculative": task_speculative}
 TASKS |= {"hf-generate": task_hf_generate, "hf-continuous": task_hf_continuous}
 
 

@@ -16,11 +16,16 @@ from pathlib import Path
 
 def serve(load, generate) -> None:
     """`load(spec)` -> (engine, {"engine", "version", "settings"}); `generate(engine, requests)` -> {"wall_s",
-    "first_token_s", "last_token_s", "tokens"}, every request greedy, EOS ignored, all submitted at t = 0."""
+    "first_token_s", "last_token_s", "tokens"}, every request greedy, EOS ignored, all submitted at t = 0. An
+    engine that fails to load writes {"error": its message} instead."""
     spec_path, out_path = sys.argv[1:3]
     spec = json.loads(Path(spec_path).read_text())
     start = time.perf_counter()
-    engine, result = load(spec)
+    try:
+        engine, result = load(spec)
+    except Exception as error:  # a setting the engine refuses: its own words go in the result
+        Path(out_path).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+        return
     result["load_s"] = round(time.perf_counter() - start, 2)
     keys = list(spec["reference"])
     sample = [[spec["requests"][int(k)][0], len(spec["reference"][k])] for k in keys]

@@ -1,12 +1,14 @@
 """vLLM's CPU build as a peer (see peer_protocol): its `LLMEngine` stepped by hand, like rosellm's, so that
 each request's first and last token are timestamped. Runs in .peers/vllm with the fp32 Hugging Face folder, in
-the spec's dtype (fp32 unless it says otherwise)."""
+the spec's dtype (fp32 unless it says otherwise). Options that name a `speculative_config` (with
+`disable_log_stats` false) also give the timed run's speculative-decoding counts, read from vLLM's metrics."""
 
 import itertools
 
 from peer_protocol import Clock, serve
 
 IDS = itertools.count()
+SPEC_DECODE = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")  # vLLM's counters vllm:spec_decode_NAME
 
 
 def load(spec: dict):
@@ -22,6 +24,7 @@ def generate(llm, requests: list) -> dict:
     from vllm import SamplingParams
 
     engine, clock, index = llm.llm_engine, Clock(len(requests)), {}
+    before = spec_decode_counts(llm)
     for i, (prompt, max_tokens) in enumerate(requests):
         request_id = str(next(IDS))
         index[request_id] = i
@@ -33,7 +36,19 @@ def generate(llm, requests: list) -> dict:
     while engine.has_unfinished_requests():
         for output in engine.step():
             clock.token(index[output.request_id], output.outputs[0].token_ids if output.finished else None)
-    return clock.result()
+    if before is None:
+        return clock.result()
+    after = spec_decode_counts(llm)
+    return clock.result() | {"spec_decode": {key: after[key] - before[key] for key in SPEC_DECODE}}
+
+
+def spec_decode_counts(llm) -> dict | None:
+    """vLLM's speculative-decoding counters so far (None without speculation or without its statistics)."""
+    engine = llm.llm_engine
+    if engine.vllm_config.speculative_config is None or not engine.log_stats:
+        return None
+    counters = [m for m in llm.get_metrics() if hasattr(m, "value")]
+    return {key: sum(m.value for m in counters if m.name == f"vllm:spec_decode_{key}") for key in SPEC_DECODE}
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ A line of its own in a page
     <!-- measured: batch-one FILE.json -->                     chapter 13: every weight format and peer at batch 1
     <!-- measured: quant-kernels FILE.json -->                 chapter 13: the linear kernels at 1 to 64 rows
     <!-- measured: perplexity FILE.json -->                    chapter 13: perplexity and greedy agreement per format
+    <!-- measured: speculative FILE.json -->                   chapter 14: speculation's speed, acceptance, tokens
 
 is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
-with the machine and the load other processes put on it while they were measured.
+with the machine and the load other processes put on it while they were measured. A missing file fails the
+build, but for `speculative`, whose block says how to measure it until its file is committed.
 
 One value of a result file, anywhere in a sentence:
 
@@ -598,6 +600,47 @@ def block_perplexity(results: Path, name: str) -> str:
     )
 
 
+def block_speculative(results: Path, name: str) -> str:
+    """Each speculation method (and the vLLM peer) per set of requests and batch size."""
+    if not (results / name).is_file():
+        return f"_Not measured yet: `python -m benchmarks speculative` writes `benchmarks/results/{name}`._\n"
+    result = load(results, name)
+    rows = []
+    for r in result["rows"]:
+        batch = "–" if r["batch"] is None else str(r["batch"])
+        if "error" in r:
+            rows.append([r["set"], batch, r["label"], f"not run: {r['error']}"] + ["–"] * 5)
+            continue
+        rate, length = r.get("acceptance_rate"), r.get("mean_acceptance_length")
+        forward = r.get("tokens_per_target_forward")
+        rows.append(
+            [
+                r["set"],
+                batch,
+                r["label"],
+                f"**{r['output_tokens_per_s']:.1f}**",
+                f"{r['speedup']:.2f}×" if r.get("speedup") else "–",
+                "–" if forward is None else f"{forward:.2f}",
+                "–" if rate is None else f"{rate:.0%}",
+                "–" if length is None else f"{length:.2f}",
+                "yes" if r["identical"] else "**no**",
+            ]
+        )
+    s = result["settings"]
+    draft = "the model itself" if s["draft_quantization"] == "none" else f"the same model in {s['draft_quantization']}"
+    headings = ["prompts", "batch", "speculation", "output tokens/s", "× no speculation", "tokens per target forward"]
+    headings += ["acceptance rate", "mean acceptance length", "same tokens as no speculation"]
+    return (
+        run_line(result)
+        + f"\n{s['requests']} requests a set, {s['max_tokens']} tokens each (greedy, EOS ignored). *copy*: "
+        '"repeat this paragraph" (from `pydoc_data/topics.py`) and "rename `x` in this function" (from the '
+        "standard library) in the chat template; *random*: offline-cpu's random prompts. n-gram: "
+        f"k = {s['num_speculative_tokens']}, lookup of {s['prompt_lookup_min']} to {s['prompt_lookup_max']} "
+        f"tokens; draft model: {draft}, k = {s['draft_tokens']}. Batch 1 runs "
+        "the requests one at a time; a larger batch, that many in one `generate`.\n\n" + table(headings, rows)
+    )
+
+
 BLOCKS = {
     "run": block_run,
     "decode-scaling": block_decode_scaling,
@@ -615,4 +658,5 @@ BLOCKS = {
     "batch-one": block_batch_one,
     "quant-kernels": block_quant_kernels,
     "perplexity": block_perplexity,
+    "speculative": block_speculative,
 }

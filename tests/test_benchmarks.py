@@ -225,6 +225,49 @@ def test_quant_kernels_quick(tiny_gqa, tmp_path):
     assert all(rows in (None, 1, 4) for rows in result["crossover_rows"].values())
 
 
+@pytest.mark.workload("speculative")
+def test_speculative_quick(tiny_gqa, tmp_path):
+    """Without speculation, n-gram and a draft model (the tiny model itself, unquantized) at batch 1 and 2 on
+    both sets of requests: every row's greedy tokens those of the row without speculation, the counts in
+    their bounds; vLLM (faked) checked against rosellm's tokens, each of its rows with its own limits; the
+    docs block rendered from the result file."""
+    fakes = {"vllm": fake_peer(tmp_path, "vllm", HONEST)}
+    argv = ["--draft-quantization", "none", "--peers", "vllm"]
+    result = run_quick("speculative", tiny_gqa, tmp_path, *argv, fakes=fakes)
+    ours = [row for row in result["rows"] if row["engine"] == "rosellm"]
+    runs = {(row["method"], row["set"], row["batch"]) for row in ours}
+    assert runs == {
+        (m, name, b) for m in ("none", "ngram", "draft_model") for name in ("copy", "random") for b in (1, 2)
+    }
+    for row in ours:
+        assert "error" not in row and row["identical"] and row["agreement"]["identical_requests"] == 2, row
+        assert row["output_tokens"] == 2 * 8 and row["output_tokens_per_s"] > 0 and row["speedup"] > 0
+        if row["method"] == "none":
+            assert row["tokens_per_target_forward"] == 1 and "acceptance_rate" not in row
+        else:
+            assert 0 <= row["num_accepted_tokens"] <= row["num_draft_tokens"] and 0 <= row["acceptance_rate"] <= 1
+            assert row["tokens_per_target_forward"] == round(16 / (16 - row["num_accepted_tokens"]), 3)
+    drafts = [row for row in ours if row["method"] == "draft_model"]
+    assert all(row["num_accepted_tokens"] > 0 and row["mean_acceptance_length"] > 1 for row in drafts)
+    assert result["speculative_configs"]["draft_model"]["quantization"] is None
+    vllm = [row for row in result["rows"] if row["engine"] == "vllm"]
+    assert [(row["set"], row["batch"]) for row in vllm] == [("copy", 1), ("copy", 2), ("random", 1), ("random", 2)]
+    for row in vllm:
+        assert row["check"]["passed"] and row["output_tokens_per_s"] > 0
+        assert row["settings"]["max_num_seqs"] == row["batch"]
+        assert row["settings"]["speculative_config"] == result["speculative_configs"]["ngram"]
+    block = load_docs_results().block_speculative(tmp_path, "speculative.json")
+    assert block.count("| copy |") == 8 and "| random | 2 | draft model |" in block
+    assert block.count("**no**") == len(vllm)  # the fake peer's tokens after the checked ones are its own
+
+
+def load_docs_results():
+    spec = importlib.util.spec_from_file_location("docs_results", ROOT / "scripts" / "docs_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def quant_kernels_module():
     return importlib.import_module("benchmarks.quant_kernels")
 
@@ -402,7 +445,12 @@ def a_later_chapter(monkeypatch):
         return NotLoaded()
 
     def run_engine(task, spec, label):
-        if task in ("rosellm", "checkpoint", "perplexity"):  # without a module, the rosellm task runs `rosellm`
+        if task in (
+            "rosellm",
+            "checkpoint",
+            "perplexity",
+            "speculative",
+        ):  # without a module, the rosellm task runs `rosellm`
             chosen.append(spec["checkpoint"] if task == "checkpoint" else spec.get("module", "rosellm"))
         return {"error": "not run"}  # what a failed engine process gives
 
