@@ -14,6 +14,7 @@ and values count as computed; the slots of rejected ones go back to the pool.
 """
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -213,10 +214,12 @@ class LLMEngine:
 
     def _propose(self) -> dict[Sequence, Draft]:
         """Drafts for the running sequences that decode, as many tokens as `num_speculative_tokens`, and never
-        so many that one could land past `max_tokens` or `max_model_len`. Only non-empty drafts are kept."""
-        if self.proposer is None:
+        so many that one could land past `max_tokens` or `max_model_len`; none when `disable_by_batch_size`
+        sequences or more run. Only non-empty drafts are kept."""
+        speculative = self.config.speculative_config
+        if self.proposer is None or len(self.scheduler.running) >= (speculative.disable_by_batch_size or math.inf):
             return {}
-        wanted = self.config.speculative_config.num_speculative_tokens
+        wanted = speculative.num_speculative_tokens
         requests = []
         for seq in self.scheduler.running:
             if seq.num_uncomputed_tokens != 1 or not seq.output_token_ids:

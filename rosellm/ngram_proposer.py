@@ -4,8 +4,10 @@ Text often repeats itself: code edits copy the prompt, answers quote it, lists e
 proposer takes the sequence's last n tokens, finds where they occurred before (the most recent earlier
 occurrence, the suffix itself excluded) and proposes the tokens that followed them there. It tries the
 longest n first, from `prompt_lookup_max` down to `prompt_lookup_min`: a longer match is a better guess.
-No model runs and nothing is kept between steps; when nothing matches, the sequence gets no draft and
-decodes one token as usual. The drafts are deterministic (`Draft.probs` is None).
+A match close to the end (text that loops with a short period) is continued as the loop it is: the
+draft then reads its own first tokens again. No model runs and nothing is kept between steps; when
+nothing matches, the sequence gets no draft and decodes one token as usual. The drafts are deterministic
+(`Draft.probs` is None).
 """
 
 import numpy as np
@@ -38,6 +40,14 @@ class NgramProposer:
             windows = sliding_window_view(tokens[:-1], n)
             starts = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
             if starts.size:
-                follow = int(starts[-1]) + n
-                return token_ids[follow : follow + num_tokens]
+                return continuation(token_ids, int(starts[-1]) + n, num_tokens)
         return []
+
+
+def continuation(token_ids: list[int], follow: int, num_tokens: int) -> list[int]:
+    """`num_tokens` tokens from `follow` on, as if the text after the match went on repeating what came
+    after it: past the sequence's end the draft reads its own tokens (a loop shorter than the draft)."""
+    draft = token_ids[follow : follow + num_tokens]
+    while len(draft) < num_tokens:
+        draft.append(draft[follow + len(draft) - len(token_ids)])
+    return draft

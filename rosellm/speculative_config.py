@@ -7,6 +7,8 @@ num_speculative_tokens  k: tokens proposed per sequence and step, verified by th
 prompt_lookup_min/max   n-gram: the shortest and longest suffix matched; vLLM's defaults (5 and 5 when
                         neither is given, the other one's value when one is)
 model                   draft model: a .gguf file or a Hugging Face folder; None: the target's own model
+disable_by_batch_size   speculation off in a step where at least this many sequences run (None: never): a
+                        large batch is compute-bound, and verifying drafts there costs what it saves
 quantization            draft model: its weights' quantization ("int4" by default: the target's own
                         weights in 4 bits make a draft that agrees with it most of the time)
 """
@@ -28,12 +30,15 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None
     model: str | None = None
     quantization: str | None = DEFAULT_DRAFT_QUANTIZATION
+    disable_by_batch_size: int | None = None
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"speculative_config method must be one of {', '.join(METHODS)}; got {self.method!r}")
         if integer("num_speculative_tokens", self.num_speculative_tokens) < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if self.disable_by_batch_size is not None and integer("disable_by_batch_size", self.disable_by_batch_size) < 2:
+            raise ValueError(f"disable_by_batch_size must be >= 2 or None, got {self.disable_by_batch_size}")
         if self.method == "ngram":
             low = self.prompt_lookup_min if self.prompt_lookup_min is not None else self.prompt_lookup_max
             high = self.prompt_lookup_max if self.prompt_lookup_max is not None else self.prompt_lookup_min

@@ -46,9 +46,10 @@ def test_the_most_recent_earlier_occurrence_is_used(ngram_proposer, propose):
     assert propose(ngram_proposer(2, 2), [4, 5, 6, 4, 5, 7, 4, 5], 2) == [7, 4]
 
 
-def test_fewer_tokens_when_the_sequence_ends_first(ngram_proposer, propose):
-    assert propose(ngram_proposer(2, 2), [1, 2, 3, 1, 2], 5) == [3, 1, 2]
-    assert propose(ngram_proposer(2, 2), [7, 7, 7], 4) == [7]  # the match overlaps the suffix
+def test_a_match_near_the_end_continues_as_a_loop(ngram_proposer, propose):
+    assert propose(ngram_proposer(2, 2), [1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]  # period 3
+    assert propose(ngram_proposer(2, 2), [7, 7, 7], 4) == [7, 7, 7, 7]  # the match overlaps the suffix
+    assert propose(ngram_proposer(1, 1), [5, 9, 4, 9], 5) == [4, 9, 4, 9, 4]
 
 
 def test_num_tokens_caps_the_draft(ngram_proposer, propose):

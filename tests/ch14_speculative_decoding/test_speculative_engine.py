@@ -294,11 +294,25 @@ def test_the_counts_per_request_add_up(checkpoint, tiny_model_dirs):
     assert plain.stats().spec_decode is None
 
 
+def test_speculation_is_off_while_a_batch_of_disable_by_batch_size_runs(checkpoint, tiny_model_dirs):
+    llm_engine = engine(checkpoint, tiny_model_dirs["gqa"], NGRAM | {"disable_by_batch_size": 2}, budget=64)
+    for request_id, max_tokens in (("long", 60), ("short", 10)):
+        params = checkpoint.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        llm_engine.add_request(request_id, prompt(len(request_id), 6), params)
+    while llm_engine.has_unfinished_requests():
+        running, drafts = len(llm_engine.scheduler.running), llm_engine.stats().spec_decode.num_drafts
+        llm_engine.step()
+        if running >= 2:
+            assert llm_engine.stats().spec_decode.num_drafts == drafts
+    assert llm_engine.stats().spec_decode.num_drafts > 0  # the long one speculated once it ran alone
+
+
 @pytest.mark.parametrize(
     "speculative, options, message",
     [
         ({"method": "medusa", "num_speculative_tokens": 2}, {}, "ngram, draft_model"),
         ({"method": "ngram", "num_speculative_tokens": 0}, {}, ">= 1"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 1}, {}, ">= 2 or None"),
         ({"method": "ngram"}, {}, "num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 8}, {"max_num_batched_tokens": 8}, "max_num_batched_tokens (8)"),
         ({"method": "ngram", "num_speculative_tokens": 9}, {"max_model_len": 10}, "max_model_len (10)"),
@@ -317,7 +331,9 @@ def test_bad_speculative_options_fail_before_anything_loads(
 ):
     loader = importlib.import_module(f"{checkpoint.__name__}.loader")
     monkeypatch.setattr(loader, "load_model", lambda *args, **kwargs: pytest.fail("a weight was loaded"))
-    with pytest.raises(ValueError, match="speculative|num_speculative|prompt_lookup|quantization|gguf") as error:
+    with pytest.raises(
+        ValueError, match="speculative|num_speculative|prompt_lookup|quantization|gguf|disable"
+    ) as error:
         checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), speculative_config=speculative, **options)
     assert message in str(error.value)
 
