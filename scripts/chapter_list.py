@@ -105,6 +105,15 @@ SUMMARIES = {
         ),
         "run the 4-bit GGUF file as it is, or quantize any model at load",
     ),
+    "ch14_speculative_decoding": (
+        (
+            "why a batch-1 step checks several tokens for the price of one and a full batch cannot; proposing k "
+            "tokens cheaply (n-gram prompt lookup, the int4 copy of the model as a draft with its own KV pool); "
+            "verifying them as a short chunk of the paged engine; the rejection rule that keeps the target's "
+            "distribution, greedy as its limit; rejected drafts' slots and blocks rolled back"
+        ),
+        "emit several tokens per forward at batch 1, exactly the tokens greedy would",
+    ),
 }
 HEADING = re.compile(r"^#\s+(?:\d+\s*·\s*)?(.+?)\s*$", re.MULTILINE)
 
