@@ -259,7 +259,7 @@ def test_seeded_sampling_with_speculation_is_reproducible(checkpoint, tiny_model
     with seeds, two runs give the same answers, and drafts were both accepted and rejected."""
 
     def params(index, max_tokens):
-        return checkpoint.SamplingParams(temperature=0.3, top_p=0.9, seed=index, max_tokens=3 * max_tokens, n=2)
+        return checkpoint.SamplingParams(temperature=0.3, top_p=0.9, seed=index, max_tokens=2 * max_tokens, n=2)
 
     for speculative in (NGRAM, draft_of(other_tiny_model)):
         runs = []
