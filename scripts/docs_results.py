@@ -633,8 +633,9 @@ def block_speculative(results: Path, name: str) -> str:
     return (
         run_line(result)
         + f"\n{s['requests']} requests a set, {s['max_tokens']} tokens each (greedy, EOS ignored). *copy*: "
-        '"repeat this paragraph" (from `pydoc_data/topics.py`) and "rename `x` in this function" (from the '
-        "standard library) in the chat template; *random*: offline-cpu's random prompts. n-gram: "
+        'a paragraph of `pydoc_data/topics.py` followed by "The same text, copied exactly:", and a function of '
+        "the standard library followed by a comment announcing it with `x` renamed to `value`, as plain text to "
+        "continue; *random*: offline-cpu's random prompts. n-gram: "
         f"k = {s['num_speculative_tokens']}, lookup of {s['prompt_lookup_min']} to {s['prompt_lookup_max']} "
         f"tokens; draft model: {draft}, k = {s['draft_tokens']}. Batch 1 runs "
         "the requests one at a time; a larger batch, that many in one `generate`.\n\n" + table(headings, rows)
