@@ -106,9 +106,13 @@ def speculative_configs(tiny_model_dirs, other_tiny_model) -> dict:
         ("ngram", {}),
         ("draft itself", REFERENCE),
         ("draft other", REFERENCE),
-        ("draft itself", {}),
     ],
-    ids=["ngram-eager", "ngram-compiled", "draft-itself-eager", "draft-other-eager", "draft-itself-compiled"],
+    ids=[
+        "ngram-eager",
+        "ngram-compiled",
+        "draft-itself-eager",
+        "draft-other-eager",
+    ],  # a compiled draft: test_draft_proposer
 )
 def test_greedy_with_speculation_equals_greedy_without(
     checkpoint, tiny_model_dirs, other_tiny_model, proposer, options
@@ -343,7 +347,7 @@ def test_smollm2_copying_its_prompt_with_ngram_equals_plain_greedy(checkpoint, s
     1.5 tokens per forward) and the answer is plain greedy's."""
     text = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat by the door."
     prompt_text = f"<|im_start|>user\nRepeat this sentence exactly, twice: {text}<|im_end|>\n<|im_start|>assistant\n"
-    params = checkpoint.SamplingParams(temperature=0, max_tokens=48)
+    params = checkpoint.SamplingParams(temperature=0, max_tokens=32)
     answers = []
     for speculative in (None, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}):
         with checkpoint.LLM(str(smollm2_path), enforce_eager=True, speculative_config=speculative) as llm:
