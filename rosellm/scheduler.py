@@ -20,7 +20,7 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # (source, copy) blocks, before the forward
     undo: "SchedulerState | None" = field(default=None, repr=False)
-    # per row: proposed tokens it verifies after its last token (speculative decoding; the last of its new tokens)
+    # per row: the drafts it verifies (speculative decoding), the last of its new tokens; [] for most rows
     drafts: list[list[int]] | None = None
 
     def __post_init__(self):
@@ -107,10 +107,11 @@ class Scheduler:
 
     def schedule(self, drafts: dict[Sequence, list[int]] | None = None) -> SchedulerOutput:
         """The next step's plan; `drafts`: proposed tokens per decoding sequence (speculative decoding)."""
+        drafts = drafts or {}
         undo = self._save()
         plan: dict[Sequence, int] = {}  # sequence -> new tokens, in row order
         copies: dict[Sequence, tuple[int, int]] = {}  # sequence -> the block it copies before writing
-        preempted = self._schedule_running(plan, copies, drafts or {})
+        preempted = self._schedule_running(plan, copies, drafts)
         budget = self.max_num_batched_tokens - sum(plan.values())
         num_prefills = 0
         while not preempted and self.waiting and budget > 0:
@@ -136,7 +137,7 @@ class Scheduler:
             budget -= num_new
             num_prefills += 1
         scheduled_drafts = [
-            (drafts or {}).get(seq, [])[: max(0, num_new - seq.num_uncomputed_tokens)] for seq, num_new in plan.items()
+            drafts.get(seq, [])[: max(0, num_new - seq.num_uncomputed_tokens)] for seq, num_new in plan.items()
         ]
         return SchedulerOutput(
             list(plan), list(plan.values()), num_prefills, preempted, list(copies.values()), undo, scheduled_drafts
