@@ -52,6 +52,9 @@ CAPABILITIES = {
     "speculative_decoding": (
         "`speculative_config`: tokens proposed cheaply (n-gram, a draft model) and verified in one step, exactly"
     ),
+    "structured_outputs": (
+        "`SamplingParams(structured_outputs=...)`: a JSON schema, regex, choice or grammar masks the logits"
+    ),
 }
 
 

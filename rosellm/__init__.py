@@ -5,8 +5,9 @@ from .llm import LLM
 from .llm_engine import LLMEngine
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
+from .structured_outputs import StructuredOutputsParams
 
-__chapter__ = "14_speculative_decoding"
+__chapter__ = "15_structured_outputs"
 __capabilities__ = frozenset(
     {
         "kv_cache",
@@ -25,6 +26,15 @@ __capabilities__ = frozenset(
         "tensor_parallel",
         "quantization",
         "speculative_decoding",
+        "structured_outputs",
     }
 )
-__all__ = ["CompletionOutput", "EngineConfig", "LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "CompletionOutput",
+    "EngineConfig",
+    "LLM",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputsParams",
+]

@@ -22,6 +22,7 @@ from torch.profiler import record_function
 
 from .block_manager import BlockManager
 from .engine_config import EngineConfig
+from .grammar import GrammarCache, mask_draft_logits, mask_logits
 from .input_processor import InputProcessor
 from .loader import load_tokenizer, tokenizer_folder
 from .model_runner import ModelRunner
@@ -128,6 +129,7 @@ class LLMEngine:
         self._request_counter = itertools.count()
         self._prefix_cache_queries = self._prefix_cache_hits = 0
         self._spec_decode = SpecDecodeStats() if config.speculative_config is not None else None
+        self.grammars = GrammarCache(self.tokenizer, self.model.config.vocab_size, self.eos_token_ids)
 
     # --- requests in ----------------------------------------------------------------------------------
 
@@ -139,9 +141,11 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, seq = self.input_processor.process(request_id, prompt, sampling_params)
+        constraint = seq.params.structured_outputs
+        grammar = None if constraint is None else self.grammars.compile(constraint)  # before the step, once
         generators = make_generators(seq.params, self.model_runner.device)
         speculative = self.proposer is not None
-        self.requests[request_id] = RequestState.start(text, seq, self.tokenizer, generators, speculative)
+        self.requests[request_id] = RequestState.start(text, seq, self.tokenizer, generators, speculative, grammar)
         self.scheduler.add(seq)
         return request_id
 
@@ -229,7 +233,18 @@ class LLMEngine:
                 generator = self.requests[seq.request_id].samples[seq.index].generator
                 requests.append(DraftRequest(seq, seq.token_ids, min(wanted, room), seq.params, generator))
         drafts = self.proposer.propose(requests) if requests else []
+        drafts = [self._grammar_checked(request.key, draft) for request, draft in zip(requests, drafts)]
         return {request.key: draft for request, draft in zip(requests, drafts) if draft.token_ids}
+
+    def _grammar_checked(self, seq: Sequence, draft: Draft) -> Draft:
+        """The draft up to its first token the sequence's grammar refuses (all of it when unconstrained):
+        a token that cannot be kept is not worth a place in the forward."""
+        grammar = self.requests[seq.request_id].samples[seq.index].grammar
+        if grammar is None:
+            return draft
+        valid = grammar.valid_prefix(draft.token_ids)
+        probs = None if draft.probs is None else draft.probs[:valid]
+        return draft if valid == len(draft.token_ids) else Draft(draft.token_ids[:valid], probs)
 
     def _draws(self, plan: SchedulerOutput) -> list[tuple[RequestState, int, int]]:
         """The tokens this step samples, as (request, sample index, row among the rows that sample): one per
@@ -272,18 +287,24 @@ class LLMEngine:
     ) -> list[list[int]]:
         """logits [positions that sample, vocab]: each sampling row's drafts' positions, then its last one.
         A row without drafts samples one token per draw (`sample_batch`, all of them together); a row with
-        drafts is verified against them (rejection_sampler.py)."""
+        drafts is verified against them (rejection_sampler.py). With structured outputs, a constrained draw's
+        logits first lose the tokens its grammar forbids (grammar.py)."""
         rows = [(seq, draft) for seq, draft, sample in zip(plan.scheduled, plan.drafts, plan.samples) if sample]
         lasts = list(itertools.accumulate(len(draft) + 1 for _, draft in rows))  # one past each row's last
         plain = [i for i, (_, _, row) in enumerate(draws) if not rows[row][1]]
         params = [state.seqs[0].params for state, _, _ in draws]
         generators = [state.samples[index].generator for state, index, _ in draws]
+        grammars = [state.samples[index].grammar for state, index, _ in draws]
         tokens: list[list[int]] = [[] for _ in draws]
-        sampled = sample_batch(
-            logits[[lasts[draws[i][2]] - 1 for i in plain]],  # [plain draws, vocab]
-            [params[i] for i in plain],
-            [generators[i] for i in plain],
-        )
+        plain_logits = logits[[lasts[draws[i][2]] - 1 for i in plain]]  # [plain draws, vocab], a copy
+        with record_function("rosellm.grammar_mask"):
+            mask_logits(plain_logits, [grammars[i] for i in plain])
+            for i, (_, _, row) in enumerate(draws):
+                if rows[row][1] and grammars[i] is not None:
+                    mask_draft_logits(
+                        logits[lasts[row] - len(rows[row][1]) - 1 : lasts[row]], grammars[i], rows[row][1]
+                    )
+        sampled = sample_batch(plain_logits, [params[i] for i in plain], [generators[i] for i in plain])
         for i, token in zip(plain, sampled):
             tokens[i] = [token]
         argmax = logits.argmax(dim=-1).tolist() if len(plain) < len(draws) else []

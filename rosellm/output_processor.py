@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from .detokenizer import IncrementalDetokenizer
+from .grammar import GrammarState
 from .outputs import CompletionOutput, RequestOutput, SpecDecodeStats
 from .sequence import Sequence
 from .stop_strings import StopStringMatcher
@@ -13,12 +14,14 @@ from .stop_strings import StopStringMatcher
 
 @dataclass
 class Sample:
-    """One of a request's n answers: its sequence, its random stream and the text released so far."""
+    """One of a request's n answers: its sequence, its random stream, where it is in its grammar (with
+    structured outputs) and the text released so far."""
 
     seq: Sequence | None  # None until the prompt is computed and the request forks (sample 0 has it at once)
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None
     stop_matcher: StopStringMatcher
+    grammar: GrammarState | None = None
     text: str = ""  # released text: a possible start of a stop string is held back by the matcher
     finish_reason: str | None = None
 
@@ -33,16 +36,18 @@ class RequestState:
 
     @classmethod
     def start(
-        cls, prompt: str | None, seq: Sequence, tokenizer, generators: list, speculative: bool = False
+        cls, prompt: str | None, seq: Sequence, tokenizer, generators: list, speculative: bool = False, grammar=None
     ) -> "RequestState":
         """A new request's record: its one sequence, and per sample (`generators` has one each) a detokenizer,
-        a random stream and a stop-string matcher; counts of its drafts if `speculative`."""
+        a random stream, a stop-string matcher and, given a compiled `grammar`, its own state in it; counts of
+        its drafts if `speculative`."""
         samples = [
             Sample(
                 seq if index == 0 else None,
                 IncrementalDetokenizer(tokenizer),
                 generator,
                 StopStringMatcher(seq.params.stop),
+                None if grammar is None else GrammarState(grammar),
             )
             for index, generator in enumerate(generators)
         ]
@@ -61,6 +66,8 @@ class RequestState:
         """The text of a token sample `index`'s sequence has just appended; returns its finish reason,
         "stop" if the token completed a stop string."""
         sample = self.samples[index]
+        if sample.grammar is not None:
+            sample.grammar.accept(token)
         piece = sample.detokenizer.add(token)
         if finish_reason is not None:
             piece += sample.detokenizer.flush()

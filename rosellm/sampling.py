@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .structured_outputs import StructuredOutputsParams
+
 # Temperatures below this are greedy, as in vLLM: dividing logits by a tinier one overflows to inf.
 GREEDY_TEMPERATURE = 1e-5
 MAX_SEED = 2**64  # what torch.Generator.manual_seed accepts: [0, 2**64)
@@ -18,7 +20,7 @@ class SamplingParams:
     with a seed, answer i draws from its own stream seeded `seed + i` (so answer i of a seeded request with
     n > 1 equals a request for one answer seeded `seed + i`). `stop`: strings that end an answer when its
     text contains one (stop_strings.py; a str alone is one stop string). Bad values raise ValueError naming
-    the limit."""
+    the limit. `structured_outputs`: a constraint the answer must match (structured_outputs.py)."""
 
     temperature: float = 1.0
     top_k: int = 0  # 0: no top-k filter
@@ -29,6 +31,7 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     stop: list[str] | str | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         self.temperature = real("temperature", self.temperature)
@@ -58,6 +61,10 @@ class SamplingParams:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         self.stop = list(stop)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(
+                f"structured_outputs must be StructuredOutputsParams, got {type(self.structured_outputs).__name__}"
+            )
 
     @property
     def greedy(self) -> bool:
