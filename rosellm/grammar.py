@@ -20,6 +20,10 @@ import xgrammar
 from .structured_outputs import StructuredOutputsParams
 from .token_bitmask import apply_bitmask
 
+# xgrammar (0.2.8) spells a character of a string with minLength or maxLength as this class, which lets raw
+# control characters through; JSON forbids them unescaped, so such strings get the class of its other strings.
+BOUNDED_STRING_CHARACTER = r"[^\"\\\r\n]"
+JSON_STRING_CHARACTER = r"[^\0-\x1f\"\\]"
 # xgrammar's errors start with a timestamp and a C++ source location; the reader wants the rest.
 XGRAMMAR_ERROR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
 
@@ -55,9 +59,10 @@ class GrammarCache:
         compiler = self.compiler
         any_whitespace = not params.disable_any_whitespace
         if params.json is not None:
-            return compiler.compile_json_schema(json.dumps(params.json), any_whitespace=any_whitespace)
-        if params.json_object:
-            return compiler.compile_builtin_json_grammar()
+            grammar = xgrammar.Grammar.from_json_schema(json.dumps(params.json), any_whitespace=any_whitespace)
+            return compiler.compile_grammar(str(grammar).replace(BOUNDED_STRING_CHARACTER, JSON_STRING_CHARACTER))
+        if params.json_object:  # an object, as OpenAI's json_object mode promises (not any JSON value)
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=any_whitespace)
         if params.regex is not None:
             return compiler.compile_regex(params.regex)
         if params.choice is not None:

@@ -14,6 +14,7 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.flatten(1)[:, :vocab_size].bool()
 
 
+@torch.inference_mode()  # logits from the forward are inference tensors: in place only in this mode
 def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
     """In place: logits [n, vocab] at `rows` (one per row of bitmask [len(rows), words]) lose every token
     the mask forbids. The other rows are not touched."""
