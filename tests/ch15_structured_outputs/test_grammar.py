@@ -3,6 +3,7 @@ answer's grammar state (masks, drafts, stepping back), and the bitmask on the lo
 xgrammar's own kernel for the bit order."""
 
 import importlib
+
 import pytest
 import torch
 import xgrammar
