@@ -189,7 +189,8 @@ def response_format_options(response_format) -> dict:
             )
         return {"json": spec["schema"]}
     raise APIError(
-        f"response_format type must be text, json_object or json_schema, got {kind!r}", param="response_format"
+        f"response_format type must be text, json_object or json_schema, got {response_format!r:.80}",
+        param="response_format",
     )
 
 

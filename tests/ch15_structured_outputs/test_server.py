@@ -20,7 +20,9 @@ pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2"
-TIGHT = {"structured_outputs": {"disable_any_whitespace": True}}  # JSON without optional whitespace
+TIGHT_KEY = {"disable_any_whitespace": True}  # JSON without optional whitespace
+TIGHT = {"structured_outputs": TIGHT_KEY}
+COLOR_GRAMMAR = 'root ::= "red" | "green" | "blue"'
 
 PERSON = {
     "type": "object",
@@ -100,11 +102,11 @@ def ask(client, endpoint: str, question: str, stream: bool, **options) -> tuple[
     return "".join(c.text for c in chunks), chunks[-1].finish_reason
 
 
-def engine_is_idle(client) -> bool:
-    metrics = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics", timeout=30).text
-    busy = ("rosellm:num_requests_running ", "rosellm:num_requests_waiting ", "rosellm:kv_blocks_used ")
-    values = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(busy)]
-    return len(values) == 3 and not any(values)
+def metrics(client) -> dict[str, float]:
+    """The server's /metrics as {sample: value}."""
+    text = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics", timeout=30).text
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return {name: float(value) for name, value in samples}
 
 
 def test_json_schemas_batched_every_answer_validates(client):
@@ -134,7 +136,7 @@ def test_json_schemas_batched_every_answer_validates(client):
         jsonschema.validate(json.loads(text), SCHEMAS[case[0]])
 
 
-def test_json_object_regex_and_choice(client):
+def test_json_object_json_regex_choice_and_grammar_fields(client):
     zip_code = r"[0-9]{5}"
     cases = {
         "json_object": (
@@ -146,6 +148,14 @@ def test_json_object_regex_and_choice(client):
         "guided_regex": ("chat", "Give me a zip code.", {"extra_body": {"guided_regex": zip_code}}),
         "choice": ("chat", "Is the sky blue?", {"extra_body": {"structured_outputs": {"choice": ["yes", "no"]}}}),
         "guided_choice": ("completions", "The best pet:", {"extra_body": {"guided_choice": ["cat", "dog", "fish"]}}),
+        "grammar": ("chat", "Name a color.", {"extra_body": {"structured_outputs": {"grammar": COLOR_GRAMMAR}}}),
+        "guided_grammar": ("completions", "A color:", {"extra_body": {"guided_grammar": COLOR_GRAMMAR}}),
+        "json": (
+            "completions",
+            QUESTIONS["colors"],
+            {"extra_body": {"structured_outputs": {"json": COLORS} | TIGHT_KEY}},
+        ),
+        "guided_json": ("chat", QUESTIONS["mood"], {"extra_body": {"guided_json": MOOD} | TIGHT}),
     }
 
     def run(case):
@@ -158,6 +168,13 @@ def test_json_object_regex_and_choice(client):
     assert isinstance(json.loads(answers["json_object"][0]), dict)
     assert re.fullmatch(zip_code, answers["regex"][0]) and re.fullmatch(zip_code, answers["guided_regex"][0])
     assert answers["choice"][0] in ("yes", "no") and answers["guided_choice"][0] in ("cat", "dog", "fish")
+    assert answers["grammar"][0] in ("red", "green", "blue") and answers["guided_grammar"][0] in (
+        "red",
+        "green",
+        "blue",
+    )
+    jsonschema.validate(json.loads(answers["json"][0]), COLORS)
+    jsonschema.validate(json.loads(answers["guided_json"][0]), MOOD)
 
 
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "mood", "schema": MOOD}}
@@ -180,15 +197,20 @@ BAD = {
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 @pytest.mark.parametrize("body, words", BAD.values(), ids=BAD.keys())
 def test_a_bad_constraint_is_a_400_and_nothing_is_queued(client, endpoint, stream, body, words):
+    looked_up = metrics(client)["rosellm:prefix_cache_queries_total"]  # grows with every prompt scheduled
     with pytest.raises(openai.BadRequestError) as info:
         ask(client, endpoint, "hi", stream, max_tokens=8, extra_body=body)
     assert info.value.status_code == 400 and words in info.value.body["message"], info.value.body
-    assert engine_is_idle(client)
+    after = metrics(client)
+    assert after["rosellm:prefix_cache_queries_total"] == looked_up
+    assert after["rosellm:num_requests_running"] == after["rosellm:num_requests_waiting"] == 0
 
 
 def test_the_server_serves_after_bad_constraints(client):
     with pytest.raises(openai.BadRequestError):
         ask(client, "chat", "hi", True, max_tokens=8, extra_body={"guided_regex": "(unclosed"})
+    looked_up = metrics(client)["rosellm:prefix_cache_queries_total"]
     text, finish_reason = ask(client, "chat", "Say hello.", False, max_tokens=8, temperature=0)
     assert text and finish_reason in ("stop", "length")
     assert ask(client, "completions", "1, 2, 3,", False, max_tokens=4, response_format={"type": "text"})[0]
+    assert metrics(client)["rosellm:prefix_cache_queries_total"] > looked_up  # the counter the 400 tests watch
