@@ -115,10 +115,9 @@ def run(args, s: dict) -> dict:
 # --- the requests ------------------------------------------------------------------------------------------
 
 
-def requests(tokenizer, count: int) -> list[tuple[list[int], str]]:
+def requests(package, tokenizer, count: int) -> list[tuple[list[int], str]]:
     """`count` requests, the prompts in turn: (chat prompt token ids, schema name)."""
-    from rosellm.chat_template import chat_prompt
-
+    chat_prompt = part(package, "chat_template").chat_prompt
     chosen = [PROMPTS[i % len(PROMPTS)] for i in range(count)]
     return [
         (tokenizer.encode(chat_prompt(tokenizer, [{"role": "user", "content": ask}])), name) for name, ask in chosen
@@ -137,9 +136,9 @@ class GrammarTimers:
     """While open, the engine's grammar functions run inside perf_counter timers: seconds so far in `mask`
     (mask_logits, mask_draft_logits, as llm_engine calls them) and `accept` (GrammarState.accept)."""
 
-    def __init__(self, package: str):
-        self.engine_module = importlib.import_module(f"{package}.llm_engine")
-        self.state_class = importlib.import_module(f"{package}.grammar").GrammarState
+    def __init__(self, package):
+        self.engine_module = part(package, "llm_engine")
+        self.state_class = part(package, "grammar").GrammarState
         self.seconds = {"mask": 0.0, "accept": 0.0}
 
     def timed(self, function, part: str):
@@ -165,13 +164,17 @@ class GrammarTimers:
             setattr(owner, name, function)
 
 
+def part(package, name: str):
+    """A module of a checkpoint's package (`point.load()`): `part(rosellm, "grammar")` is rosellm.grammar."""
+    return importlib.import_module(f"{package.__name__}.{name}")
+
+
 def timed_steps(engine, package, batch: list, constrained: list[bool], max_tokens: int, timers) -> dict:
     """Add every request at once, step until all are done; per decode step its ms and the grammar's."""
-    module = importlib.import_module(package)
     for i, ((prompt, name), on) in enumerate(zip(batch, constrained)):
-        so = module.StructuredOutputsParams(**constraint(name)) if on else None
+        so = package.StructuredOutputsParams(**constraint(name)) if on else None
         engine.add_request(
-            f"r{i}", prompt, module.SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=so)
+            f"r{i}", prompt, package.SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=so)
         )
     tokens, texts, reasons = [None] * len(batch), [None] * len(batch), [None] * len(batch)
     steps, started = [], set()
@@ -245,22 +248,21 @@ def engine_options(s: dict, prompts: list, batch: int) -> dict:
     return options
 
 
-def measure_batch(args, s: dict, point, all_prompts: list, batch: int) -> tuple[list[dict], dict]:
+def measure_batch(args, s: dict, package, all_prompts: list, batch: int) -> tuple[list[dict], dict]:
     """The rows of one batch size ("none", "all", and "half" at `mixed_batch`), and the tokens of each."""
     import torch
 
-    module = importlib.import_module(point.module)
     prompts = all_prompts[:batch]
-    engine = module.LLMEngine(args.model, "cpu", torch.float32, **engine_options(s, all_prompts, batch))
+    engine = package.LLMEngine(args.model, "cpu", torch.float32, **engine_options(s, all_prompts, batch))
     kinds = {"none": [False] * batch, "all": [True] * batch}
     if batch == s["mixed_batch"]:
         kinds["half"] = [i % 2 == 1 for i in range(batch)]
     rows, tokens = [], {}
-    with GrammarTimers(point.module) as timers:
+    with GrammarTimers(package) as timers:
         for constrained in kinds.values():  # the warm-up: graphs, grammars compiled
-            timed_steps(engine, point.module, prompts, constrained, s["max_tokens"], timers)
+            timed_steps(engine, package, prompts, constrained, s["max_tokens"], timers)
         for kind, constrained in kinds.items():
-            run = timed_steps(engine, point.module, prompts, constrained, s["max_tokens"], timers)
+            run = timed_steps(engine, package, prompts, constrained, s["max_tokens"], timers)
             rows.append(step_row(batch, kind, run))
             tokens[kind] = run["tokens"]
     engine.close()
@@ -274,21 +276,17 @@ def measure_batch(args, s: dict, point, all_prompts: list, batch: int) -> tuple[
     return rows, tokens
 
 
-def compile_times(args, point) -> dict:
+def compile_times(args, package, tokenizer) -> dict:
     """The tokenizer's analysis, then each schema compiled cold and again (cached), in a fresh GrammarCache."""
-    module = importlib.import_module(point.module)
-    grammar = importlib.import_module(f"{point.module}.grammar")
-    loader = importlib.import_module(f"{point.module}.loader")
-    tokenizer = loader.load_tokenizer(loader.resolve_model_folder(args.model))
     config = harness.model_config(args.model)
     stops = {t for t in (config.eos_token_ids or (tokenizer.eos_token_id,)) if t is not None}
-    cache = grammar.GrammarCache(tokenizer, config.vocab_size, stops)
+    cache = part(package, "grammar").GrammarCache(tokenizer, config.vocab_size, stops)
     start = time.perf_counter()
     cache.compiler  # noqa: B018 (the property builds the compiler: the vocabulary's analysis)
     analysis = round((time.perf_counter() - start) * 1000, 2)
     rows = []
     for name in SCHEMAS:
-        params = module.StructuredOutputsParams(**constraint(name))
+        params = package.StructuredOutputsParams(**constraint(name))
         times = []
         for _ in range(2):
             start = time.perf_counter()
@@ -301,18 +299,19 @@ def compile_times(args, point) -> dict:
 
 def measure(args, s: dict, chosen: list) -> dict:
     point = chapters.checkpoint(CHAPTER)
-    loader = importlib.import_module(f"{point.module}.loader")
+    package = point.load()
+    loader = part(package, "loader")
     tokenizer = loader.load_tokenizer(loader.resolve_model_folder(args.model))
-    all_prompts = requests(tokenizer, max(s["batch"] + [s["mixed_batch"]]))
+    all_prompts = requests(package, tokenizer, max(s["batch"] + [s["mixed_batch"]]))
     batches = sorted(set(s["batch"]) | {s["mixed_batch"]})
     steps, tokens = [], {}
     for batch in batches:
-        rows, tokens[batch] = measure_batch(args, s, point, all_prompts, batch)
+        rows, tokens[batch] = measure_batch(args, s, package, all_prompts, batch)
         steps += [row for row in rows if batch in s["batch"] or row["constrained"] == "half"]
     out = dict(settings=s | {"peers": [p.name for p in chosen]}, checkpoint=point.module, schemas=SCHEMAS)
     out |= dict(prompts=[dict(schema=name, prompt_tokens=len(p)) for p, name in all_prompts])
     out |= dict(engine_options={b: engine_options(s, all_prompts, b) for b in batches}, steps=steps)
-    out |= compile_times(args, point) | dict(means=MEANS)
+    out |= compile_times(args, package, tokenizer) | dict(means=MEANS)
     out["peers"] = {peer.name: peer_result(peer, args, s, all_prompts, tokens) for peer in chosen}
     ended = [row.get("valid_json") == row.get("constrained_finished_by_eos") for row in steps]
     return out | {"correct": all(row.get("identical", True) for row in steps) and all(ended)}
@@ -345,9 +344,9 @@ def peer_result(peer, args, s: dict, all_prompts: list, tokens: dict) -> dict:
         options = dict(max_num_seqs=batch, max_model_len=engine_options(s, all_prompts, batch)["max_model_len"])
         options["structured_outputs_config"] = {"backend": "xgrammar"}
         for kind in ("none", "all"):
-            requests = [[p, s["max_tokens"], sampling(name, kind == "all")] for p, name in prompts]
+            asked = [[p, s["max_tokens"], sampling(name, kind == "all")] for p, name in prompts]
             reference = {"0": tokens[batch][kind][0][: s["check_tokens"]]}
-            spec = dict(threads=args.threads, requests=requests, warmup=requests, reference=reference, options=options)
+            spec = dict(threads=args.threads, requests=asked, warmup=asked, reference=reference, options=options)
             result = peers.run_peer(peer, spec, args.model)
             head = {key: result[key] for key in ("version", "settings", "label") if key in result} or head
             row = dict(batch=batch, constrained=kind, check=result.get("check"))
