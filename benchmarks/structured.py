@@ -5,11 +5,12 @@ nested object, an array with `maxItems`, an enum, a bounded integer (`disable_an
 greedy with `max_tokens` each and nothing ignored: a constrained answer ends with EOS where its JSON may end.
 
 At each batch size b (an engine with `max_num_seqs` = b, its b requests added at once) the same requests run
-unconstrained ("none"), then all constrained ("all"); at `mixed_batch`, half constrained and half not
-("half"), whose unconstrained rows must give the tokens they gave unconstrained alone. Every step is timed
-around `engine.step()`; a decode step is one after every request has its first token, and a full one has
-every request of the batch still running: the medians are over full steps, as a constrained answer often ends
-early and a step with fewer rows costs less. Inside a step, the grammar's work is timed by wrapping the
+unconstrained ("none"), all constrained ("all") and, at `mixed_batch`, half constrained and half not
+("half"), whose unconstrained rows must give the tokens they gave unconstrained alone: after a warm-up, each
+kind in turn, `rounds` times, its steps pooled over the rounds. Every step is timed around `engine.step()`;
+a decode step is one after every request has its first token, and a full one has every request of the batch
+still running: the medians are over full steps, as a constrained answer often ends early and a step with
+fewer rows costs less. Inside a step, the grammar's work is timed by wrapping the
 engine's functions (rosellm itself is unchanged): *mask* is `grammar.mask_logits` and `mask_draft_logits`
 (filling the bitmask of the constrained rows and applying it to their logits), *accept* is
 `GrammarState.accept` (moving each constrained answer past its committed token).
@@ -18,8 +19,10 @@ Compiling: a fresh `GrammarCache` of the model's tokenizer first analyses the vo
 timed once), then compiles each schema (cold) and compiles it again (cached: found in the cache).
 
 With `--peers vllm`, vLLM's CPU build runs the same requests at each batch size (`max_num_seqs`) with and
-without the constraint (`StructuredOutputsParams(json=...)`, its xgrammar backend), each run's first tokens
-checked against rosellm's.
+without the constraint (`StructuredOutputsParams(json=...)`, its xgrammar backend with
+`disable_any_whitespace`), each run's first tokens checked against rosellm's. Its JSON has no space after
+`,` and `:` where rosellm's has one, so a constrained answer's tokens part from rosellm's after its first key:
+that check covers `check_constrained_tokens` tokens, and each run records its agreement with rosellm's.
 
 The result file's keys:
 
@@ -32,8 +35,8 @@ The result file's keys:
               rows' tokens equal those of the "none" row)}]; the *_ms are medians over the full decode steps
     compile   [{schema, cold_ms, cached_ms}]
     tokenizer_analysis_ms   the vocabulary's analysis, once per tokenizer, before the first compile
-    peers     {vllm: {version, settings, rows: [{batch, constrained, output_tokens_per_s, overhead_pct,
-              check}] (or error)}}
+    peers     {vllm: {version, settings, label, rows: [{batch, constrained, output_tokens, output_tokens_per_s,
+              overhead_pct ("all": its tok/s against the "none" run's), check, agreement} or {..., error}]}}
     schemas   {name: the JSON schema}
 
     python -m benchmarks structured [--batch 1,8,32] [--max-tokens 64] [--peers vllm] [--quick]
@@ -52,8 +55,9 @@ NAME = "structured"
 HELP = "chapter 15: structured outputs' cost per decode step (mask, accept), compile times, vLLM's overhead"
 CHAPTER = 15
 
-FULL = {"batch": [1, 8, 32], "mixed_batch": 8, "max_tokens": 64, "check_tokens": 8, "enforce_eager": 0}
-QUICK = {"batch": [1, 2], "mixed_batch": 2, "max_tokens": 8, "check_tokens": 4, "enforce_eager": 1}
+FULL = {"batch": [1, 8, 32], "mixed_batch": 8, "max_tokens": 64, "rounds": 3, "enforce_eager": 0}
+FULL |= {"check_tokens": 8, "check_constrained_tokens": 2}  # the peer's check against rosellm's tokens
+QUICK = {"batch": [1, 2], "mixed_batch": 2, "max_tokens": 8, "rounds": 1, "check_tokens": 4, "enforce_eager": 1}
 SCHEMAS = {
     "person": {  # a nested object
         "type": "object",
@@ -226,7 +230,7 @@ def step_row(batch: int, kind: str, run: dict) -> dict:
     everything = run["steps"]
     rows = statistics.median(s["rows"] for s in everything) if everything else None
     row["all_decode_steps"] = dict(steps=len(everything), median_rows=rows) | medians(everything)
-    row |= dict(output_tokens=produced, output_tokens_per_s=round(produced / run["wall_s"], 2))
+    row |= dict(output_tokens=produced, output_tokens_per_s=round(produced * run["rounds"] / run["wall_s"], 2))
     row |= dict(finished_by_eos=sum(r == "stop" for r in run["reasons"]))
     if kind != "none":
         row |= dict(constrained_finished_by_eos=len(run["valid"]), valid_json=sum(run["valid"]))
@@ -257,15 +261,16 @@ def measure_batch(args, s: dict, package, all_prompts: list, batch: int) -> tupl
     kinds = {"none": [False] * batch, "all": [True] * batch}
     if batch == s["mixed_batch"]:
         kinds["half"] = [i % 2 == 1 for i in range(batch)]
-    rows, tokens = [], {}
+    runs = {kind: [] for kind in kinds}
     with GrammarTimers(package) as timers:
         for constrained in kinds.values():  # the warm-up: graphs, grammars compiled
             timed_steps(engine, package, prompts, constrained, s["max_tokens"], timers)
-        for kind, constrained in kinds.items():
-            run = timed_steps(engine, package, prompts, constrained, s["max_tokens"], timers)
-            rows.append(step_row(batch, kind, run))
-            tokens[kind] = run["tokens"]
+        for _ in range(s["rounds"]):  # in turn, so that a change of the machine's load touches every kind
+            for kind, constrained in kinds.items():
+                runs[kind].append(timed_steps(engine, package, prompts, constrained, s["max_tokens"], timers))
     engine.close()
+    rows = [step_row(batch, kind, merged(found)) for kind, found in runs.items()]
+    tokens = {kind: found[0]["tokens"] for kind, found in runs.items()}
     none = rows[0]["step_ms"]
     for row in rows:
         if none and row["step_ms"] is not None:
@@ -274,6 +279,15 @@ def measure_batch(args, s: dict, package, all_prompts: list, batch: int) -> tupl
         free = [i for i, on in enumerate(kinds["half"]) if not on]
         rows[-1]["identical"] = all(tokens["half"][i] == tokens["none"][i] for i in free)
     return rows, tokens
+
+
+def merged(runs: list[dict]) -> dict:
+    """The rounds of one kind as one run: their steps together, their wall times added; the first round's
+    tokens, which every round must repeat (greedy)."""
+    if any(run["tokens"] != runs[0]["tokens"] for run in runs):
+        raise SystemExit("structured: two rounds of the same greedy requests gave different tokens")
+    steps = [step for run in runs for step in run["steps"]]
+    return runs[0] | dict(steps=steps, wall_s=sum(run["wall_s"] for run in runs), rounds=len(runs))
 
 
 def compile_times(args, package, tokenizer) -> dict:
@@ -336,16 +350,20 @@ def sampling(name: str, constrained: bool) -> dict:
 
 
 def peer_result(peer, args, s: dict, all_prompts: list, tokens: dict) -> dict:
-    """vLLM at each batch size, without then with the schemas, each run checked against rosellm's first
-    `check_tokens` tokens of its first request; tok/s and the overhead of the constrained run."""
+    """vLLM at each batch size, without then with the schemas; tok/s and the overhead of the constrained run.
+    Each run is checked against rosellm's first tokens of its first request (`check_tokens`; constrained:
+    `check_constrained_tokens`, as vLLM's xgrammar backend writes JSON without the spaces after `,` and `:`
+    that rosellm's grammar writes), and its tokens compared with rosellm's (`agreement`). vLLM here takes
+    `disable_any_whitespace` from its engine's `structured_outputs_config`, not from the request."""
     rows, head = [], {}
     for batch in s["batch"]:
         prompts, speeds = all_prompts[:batch], {}
         options = dict(max_num_seqs=batch, max_model_len=engine_options(s, all_prompts, batch)["max_model_len"])
-        options["structured_outputs_config"] = {"backend": "xgrammar"}
+        options["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         for kind in ("none", "all"):
             asked = [[p, s["max_tokens"], sampling(name, kind == "all")] for p, name in prompts]
-            reference = {"0": tokens[batch][kind][0][: s["check_tokens"]]}
+            checked = s["check_tokens"] if kind == "none" else s["check_constrained_tokens"]
+            reference = {"0": tokens[batch][kind][0][:checked]}
             spec = dict(threads=args.threads, requests=asked, warmup=asked, reference=reference, options=options)
             result = peers.run_peer(peer, spec, args.model)
             head = {key: result[key] for key in ("version", "settings", "label") if key in result} or head
@@ -355,7 +373,8 @@ def peer_result(peer, args, s: dict, all_prompts: list, tokens: dict) -> dict:
                 continue
             produced = sum(len(t) for t in result["tokens"])
             speeds[kind] = produced / result["wall_s"]
-            rows.append(row | dict(output_tokens=produced, output_tokens_per_s=round(speeds[kind], 2)))
+            row |= dict(output_tokens=produced, output_tokens_per_s=round(speeds[kind], 2))
+            rows.append(row | {"agreement": harness.agreement(result["tokens"], tokens[batch][kind])})
         if len(speeds) == 2:
             rows[-1]["overhead_pct"] = round(100 * (speeds["none"] / speeds["all"] - 1), 2)
     return head | {"rows": rows}
