@@ -189,7 +189,7 @@ def timed_steps(engine, package, batch: list, constrained: list[bool], max_token
         outputs = engine.step()
         elapsed = time.perf_counter() - start
         if decoding:
-            grammar = {part: timers.seconds[part] - before[part] for part in before}
+            grammar = {name: timers.seconds[name] - before[name] for name in before}
             steps.append(dict(step=elapsed, rows=rows, **grammar))
         for output in outputs:
             i = int(output.request_id[1:])
