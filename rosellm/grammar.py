@@ -62,11 +62,16 @@ class GrammarCache:
     def _compile(self, params: StructuredOutputsParams) -> xgrammar.CompiledGrammar:
         compiler = self.compiler
         any_whitespace = not params.disable_any_whitespace
+        separators = None if any_whitespace else (",", ":")  # without optional whitespace: compact, as vLLM's
         if params.json is not None:
-            grammar = xgrammar.Grammar.from_json_schema(json.dumps(params.json), any_whitespace=any_whitespace)
+            grammar = xgrammar.Grammar.from_json_schema(
+                json.dumps(params.json), any_whitespace=any_whitespace, separators=separators
+            )
             return compiler.compile_grammar(str(grammar).replace(BOUNDED_STRING_CHARACTER, JSON_STRING_CHARACTER))
         if params.json_object:  # an object, as OpenAI's json_object mode promises (not any JSON value)
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=any_whitespace)
+            return compiler.compile_json_schema(
+                '{"type": "object"}', any_whitespace=any_whitespace, separators=separators
+            )
         if params.regex is not None:
             return compiler.compile_regex(params.regex)
         if params.choice is not None:

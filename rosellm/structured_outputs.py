@@ -13,8 +13,8 @@ class StructuredOutputsParams:
     """Exactly one constraint. `json`: a JSON schema (a dict, or its JSON text). `json_object=True`: any JSON
     object. `regex`: a regular expression the whole answer matches. `choice`: the answer is one of these
     strings. `grammar`: an EBNF grammar whose start rule is `root` (xgrammar's dialect).
-    `disable_any_whitespace`: JSON without optional whitespace (vLLM's name; by default a model may put
-    whitespace between JSON tokens, and a small model may put a lot of it). Bad values raise ValueError."""
+    `disable_any_whitespace`: compact JSON, no whitespace between its tokens (vLLM's name; by default a model
+    may put whitespace there, and a small model may put a lot of it). Bad values raise ValueError."""
 
     json: dict | str | None = None
     regex: str | None = None

@@ -115,7 +115,7 @@ def test_length_bounded_json_strings_refuse_raw_control_characters(checkpoint, g
     structured = checkpoint.StructuredOutputsParams
     schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}, "required": ["s"]}
     state = grammar.GrammarState(cache.compile(structured(json=schema, disable_any_whitespace=True)))
-    for token in encode(cache, '{"s": "'):
+    for token in encode(cache, '{"s":"'):
         state.accept(token)
     tab, letter = encode(cache, "\t"), encode(cache, "a")
     mask = allowed(grammar, state, len(cache.tokenizer))

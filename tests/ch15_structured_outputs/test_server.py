@@ -141,7 +141,7 @@ def test_json_object_json_regex_choice_and_grammar_fields(client):
     cases = {
         "json_object": (
             "chat",
-            "Describe a cat as JSON.",
+            'Describe a cat as a JSON object like {"name": "Tom", "age": 3}.',
             {"response_format": {"type": "json_object"}, "extra_body": TIGHT},
         ),
         "regex": ("completions", "A zip code:", {"extra_body": {"structured_outputs": {"regex": zip_code}}}),

@@ -62,13 +62,13 @@ def assert_matches(constraint, text: str) -> None:
 
 
 def engine(checkpoint, path, budget: int = 256, small_pool: bool = False, **options):
-    """Blocks of 4; a pool for every request at once, or (`small_pool`) a third more than the largest
-    needs, so that running requests preempt each other."""
+    """Blocks of 4; a pool for every request at once, or (`small_pool`) just what the largest needs, so that
+    running requests preempt each other."""
     largest = max(-(-(len(p) + MAX_TOKENS) // BLOCK_SIZE) for _, p, _ in REQUESTS)
     return checkpoint.LLMEngine(
         str(path),
         block_size=BLOCK_SIZE,
-        num_kv_blocks=largest + largest // 3 if small_pool else largest * len(REQUESTS),
+        num_kv_blocks=largest if small_pool else largest * len(REQUESTS),
         max_num_batched_tokens=budget,
         max_num_seqs=4,
         watermark=0.0,
