@@ -90,7 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     demo = sub.add_parser("demo", help="answer three questions, streaming", formatter_class=DefaultsHelpFormatter)
     serve = sub.add_parser(
-        "serve", help="serve OpenAI's API over HTTP (chapter 10)", formatter_class=DefaultsHelpFormatter
+        "serve",
+        help="serve OpenAI's API over HTTP (chapter 10)",
+        description="Serve OpenAI's /v1/completions and /v1/chat/completions over HTTP. A request may constrain its "
+        "answer (chapter 15) with OpenAI's response_format (json_object, json_schema) or vLLM's structured_outputs "
+        "(json, regex, choice, grammar) and guided_json / guided_regex / guided_choice / guided_grammar.",
+        formatter_class=DefaultsHelpFormatter,
     )
     for p in (gen, demo, serve):
         p.add_argument(

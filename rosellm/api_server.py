@@ -3,6 +3,9 @@
 
 Routes: GET /v1/models; POST /v1/completions and /v1/chat/completions, streamed as server-sent events when the
 body says `"stream": true` (OpenAI's chunks, then `data: [DONE]`); GET /health; GET /metrics (Prometheus text).
+Both POST routes take a constraint on the answer (`response_format`, `structured_outputs`, `guided_*`:
+openai_protocol.py); the engine compiles it when it takes the request, so a constraint that does not compile is
+a 400 before anything is queued or streamed.
 
 Errors reach clients as OpenAI's JSON (`openai_protocol.APIError`): 400 for a bad request, with the engine's own
 message naming the limit; 404 for an unknown model or route; 500 with a generic message for anything else, whose

@@ -4,7 +4,10 @@ responses and stream chunks built from `RequestOutput`s, errors in OpenAI's JSON
 Understood: `/v1/completions` with one prompt (a string or a list of token ids), `/v1/chat/completions` with
 text messages; `model` (may be left out: the one served), `max_tokens` (chat: also `max_completion_tokens`,
 which wins), `temperature`, `top_p`, `n`, `stop` (a string or a list), `seed`, `stream` and
-`stream_options.include_usage`; beyond OpenAI's names, vLLM's `top_k` and `ignore_eos`. Parameters that would
+`stream_options.include_usage`, `response_format` (`text`, `json_object`, `json_schema`); beyond OpenAI's names,
+vLLM's `top_k`, `ignore_eos`, `structured_outputs` (json / regex / choice / grammar / json_object /
+disable_any_whitespace) and its older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`: one
+constraint per request, whichever field names it. Parameters that would
 change the answer but are not implemented (logprobs, penalties, ...) are refused with 400 rather than silently
 ignored; unknown fields are ignored.
 
@@ -20,6 +23,7 @@ from jinja2 import TemplateError
 from . import chat_template
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
+from .structured_outputs import KINDS, StructuredOutputsParams
 
 # Accepted only with the value that means "off" (or null).
 UNSUPPORTED = {
@@ -34,6 +38,7 @@ UNSUPPORTED = {
     "tools": ([],),
 }
 ROLES = ("system", "developer", "user", "assistant", "tool")
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 class APIError(Exception):
@@ -128,12 +133,65 @@ def sampling_params(body: dict, max_tokens_field: str, default_max_tokens: int |
         "seed": field(body, "seed", None),
         "stop": field(body, "stop", None),
         "ignore_eos": field(body, "ignore_eos", False),
+        "structured_outputs": structured_outputs(body),
     }
     try:
         return SamplingParams(**values)
     except ValueError as error:
         name = str(error).split()[0]
         raise APIError(str(error), param=max_tokens_field if name == "max_tokens" else name) from None
+
+
+def structured_outputs(body: dict) -> StructuredOutputsParams | None:
+    """The constraint the body asks for, from whichever field names it (None: none). Two fields naming a
+    constraint are refused; vLLM's `structured_outputs` may add only `disable_any_whitespace` to another's."""
+    options, askers = {}, []
+    for name, given in constraint_options(body):
+        if set(given) & set(KINDS):
+            askers.append(name)
+        options |= given
+    if len(askers) > 1:
+        raise APIError(f"{' and '.join(askers)} each ask for a constraint; send one", param=askers[1])
+    if not options:
+        return None
+    try:
+        return StructuredOutputsParams.from_dict(options)
+    except ValueError as error:
+        raise APIError(str(error), param=askers[0] if askers else "structured_outputs") from None
+
+
+def constraint_options(body: dict) -> list[tuple[str, dict]]:
+    """(field, `StructuredOutputsParams` keywords) for each constraint field the body sets."""
+    found = []
+    if body.get("response_format") is not None:
+        found.append(("response_format", response_format_options(body["response_format"])))
+    if body.get("structured_outputs") is not None:
+        if not isinstance(body["structured_outputs"], dict):
+            raise APIError("structured_outputs must be an object", param="structured_outputs")
+        found.append(("structured_outputs", body["structured_outputs"]))
+    found += [(name, {kind: body[name]}) for name, kind in GUIDED.items() if body.get(name) is not None]
+    return found
+
+
+def response_format_options(response_format) -> dict:
+    """OpenAI's `response_format` as `StructuredOutputsParams` keywords: {} for text."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or spec.get("schema") is None:
+            raise APIError(
+                'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}',
+                param="response_format",
+            )
+        return {"json": spec["schema"]}
+    raise APIError(
+        f"response_format type must be text, json_object or json_schema, got {response_format!r:.80}",
+        param="response_format",
+    )
 
 
 def field(body: dict, name: str, default):
