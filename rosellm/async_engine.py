@@ -13,6 +13,11 @@ step's feet. So here exactly one thread, the engine thread, ever touches the `LL
 
 PyTorch releases the GIL inside its kernels, so the event loop keeps answering clients while a forward runs.
 
+One thing is done before a request is queued, in a worker thread: compiling its structured-output constraint
+into the engine's grammar cache (thread-safe; xgrammar releases the GIL). A large schema takes seconds to
+compile; done on the engine thread it would stall every running request for as long. The engine thread then
+finds the grammar in the cache.
+
 Failures: a step that raises has been rolled back by the engine (a step is a transaction). It is run once more
 (the failure may pass); if it raises again, the requests it scheduled end with `StepFailedError` on their
 streams and are aborted, and the engine thread goes on serving everyone else.
@@ -143,6 +148,9 @@ class AsyncLLMEngine:
         checked it: at most one step. Raises the engine's ValueError for bad input, EngineStoppedError after
         `shutdown()`. The caller owns the returned stream: it must `abort()` it if it stops listening."""
         loop = asyncio.get_running_loop()
+        constraint = getattr(sampling_params, "structured_outputs", None)
+        if constraint is not None:  # off the engine thread (module docstring); a bad one raises ValueError here
+            await loop.run_in_executor(None, self.engine.grammars.compile, constraint)
         stream = RequestStream(uuid.uuid4().hex if request_id is None else str(request_id), loop, self._abort)
         accepted = loop.create_future()
         if not self._submit(AddRequest(stream, prompt, sampling_params, accepted)):

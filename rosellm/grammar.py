@@ -7,12 +7,14 @@ including tokens whose bytes straddle several grammar symbols (`"}` or `,"`). A 
 automaton one committed token at a time and writes the tokens allowed next as a bitmask: one bit per token,
 32 to an int32 word (token_bitmask.py turns it into a mask on the logits).
 
-Compiling costs milliseconds to a second; each distinct constraint is compiled once per engine, when the
-first request asking for it is added (never inside a step), and kept in `GrammarCache`.
+Compiling costs milliseconds for a small schema and seconds for a large one; each distinct constraint is
+compiled once per engine, when the first request asking for it is added (never inside a step), and kept in
+`GrammarCache`. The cache is safe from several threads: the server compiles in a worker thread.
 """
 
 import json
 import re
+import threading
 
 import torch
 import xgrammar
@@ -36,24 +38,26 @@ class GrammarCache:
         self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, sorted(stop_token_ids)
         self._compiler: xgrammar.GrammarCompiler | None = None
         self._grammars: dict[tuple, xgrammar.CompiledGrammar] = {}
+        self._lock = threading.Lock()  # guards the fields; compiling itself runs outside it
         self.num_compiled = self.num_hits = 0
 
     def compile(self, params: StructuredOutputsParams) -> xgrammar.CompiledGrammar:
         """The automaton of `params`, compiled now or found in the cache. ValueError naming the problem for
         a schema, regex or grammar that does not compile."""
         key = params.key
-        if key in self._grammars:
-            self.num_hits += 1
-            return self._grammars[key]
+        with self._lock:
+            if key in self._grammars:
+                self.num_hits += 1
+                return self._grammars[key]
         if params.json is not None:
             check_json_schema(params.json)
         try:
             grammar = self._compile(params)
         except RuntimeError as error:
             raise ValueError(f"structured_outputs.{params.kind} does not compile: {xgrammar_message(error)}") from None
-        self._grammars[key] = grammar
-        self.num_compiled += 1
-        return grammar
+        with self._lock:
+            self.num_compiled += 1
+            return self._grammars.setdefault(key, grammar)  # a thread that compiled it meanwhile wins
 
     def _compile(self, params: StructuredOutputsParams) -> xgrammar.CompiledGrammar:
         compiler = self.compiler
@@ -71,13 +75,14 @@ class GrammarCache:
 
     @property
     def compiler(self) -> xgrammar.GrammarCompiler:
-        if self._compiler is None:
-            info = xgrammar.TokenizerInfo.from_huggingface(
-                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
-            )
-            # xgrammar's own cache is off: this class's dict is the one cache, and what it counts is true.
-            self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        return self._compiler
+        with self._lock:
+            if self._compiler is None:
+                info = xgrammar.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+                )
+                # xgrammar's own cache is off: this class's dict is the one cache, and what it counts is true.
+                self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
 
 
 def choice_grammar(choices: list[str]) -> str:
