@@ -1,9 +1,10 @@
 """The protocol every peer's script speaks: `PYTHON peer_X.py SPEC OUT` in the peer's own virtual environment.
 
 SPEC (JSON): model (the weights this peer reads), threads, options, requests and warmup (lists of [prompt token ids,
-max_tokens]), reference: {request index: transformers' greedy tokens}, dtype and must_match. OUT (JSON): engine,
-version, settings, load_s, check_tokens ({request index: the peer's tokens}) and, only when those equal the
-reference or must_match is false, the timed run: wall_s, first_token_s, last_token_s and tokens per request.
+max_tokens], a peer's own sampling fields third where it takes them), reference: {request index: transformers'
+greedy tokens}, dtype and must_match. OUT (JSON): engine, version, settings, load_s, check_tokens ({request index:
+the peer's tokens}) and, only when those equal the reference or must_match is false, the timed run: wall_s,
+first_token_s, last_token_s and tokens per request.
 Standard library only: the peers' environments have neither torch nor rosellm. `benchmarks.engines` times rosellm
 and transformers with the same `Clock`.
 """
@@ -16,8 +17,8 @@ from pathlib import Path
 
 def serve(load, generate) -> None:
     """`load(spec)` -> (engine, {"engine", "version", "settings"}); `generate(engine, requests)` -> {"wall_s",
-    "first_token_s", "last_token_s", "tokens"}, every request greedy, EOS ignored, all submitted at t = 0. An
-    engine that fails to load writes {"error": its message} instead."""
+    "first_token_s", "last_token_s", "tokens"}, every request greedy, EOS ignored unless its sampling fields say
+    otherwise, all submitted at t = 0. An engine that fails to load writes {"error": its message} instead."""
     spec_path, out_path = sys.argv[1:3]
     spec = json.loads(Path(spec_path).read_text())
     start = time.perf_counter()
@@ -28,7 +29,7 @@ def serve(load, generate) -> None:
         return
     result["load_s"] = round(time.perf_counter() - start, 2)
     keys = list(spec["reference"])
-    sample = [[spec["requests"][int(k)][0], len(spec["reference"][k])] for k in keys]
+    sample = [[r[0], len(spec["reference"][k]), *r[2:]] for k in keys for r in [spec["requests"][int(k)]]]
     result["check_tokens"] = dict(zip(keys, generate(engine, sample)["tokens"]))
     if result["check_tokens"] == spec["reference"] or not spec.get("must_match", True):
         generate(engine, spec["warmup"])

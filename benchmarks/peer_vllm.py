@@ -1,7 +1,8 @@
 """vLLM's CPU build as a peer (see peer_protocol): its `LLMEngine` stepped by hand, like rosellm's, so that
 each request's first and last token are timestamped. Runs in .peers/vllm with the fp32 Hugging Face folder, in
 the spec's dtype (fp32 unless it says otherwise). Options that name a `speculative_config` (with
-`disable_log_stats` false) also give the timed run's speculative-decoding counts, read from vLLM's metrics."""
+`disable_log_stats` false) also give the timed run's speculative-decoding counts, read from vLLM's metrics. A
+request may carry a third item: its sampling fields beside greedy and max_tokens (`sampling_params`)."""
 
 import itertools
 
@@ -21,18 +22,12 @@ def load(spec: dict):
 
 
 def generate(llm, requests: list) -> dict:
-    from vllm import SamplingParams
-
     engine, clock, index = llm.llm_engine, Clock(len(requests)), {}
     before = spec_decode_counts(llm)
-    for i, (prompt, max_tokens) in enumerate(requests):
+    for i, (prompt, max_tokens, *extra) in enumerate(requests):
         request_id = str(next(IDS))
         index[request_id] = i
-        engine.add_request(
-            request_id,
-            {"prompt_token_ids": prompt},
-            SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
-        )
+        engine.add_request(request_id, {"prompt_token_ids": prompt}, sampling_params(max_tokens, *extra))
     while engine.has_unfinished_requests():
         for output in engine.step():
             clock.token(index[output.request_id], output.outputs[0].token_ids if output.finished else None)
@@ -40,6 +35,18 @@ def generate(llm, requests: list) -> dict:
         return clock.result()
     after = spec_decode_counts(llm)
     return clock.result() | {"spec_decode": {key: after[key] - before[key] for key in SPEC_DECODE}}
+
+
+def sampling_params(max_tokens: int, fields: dict | None = None):
+    """Greedy, EOS ignored unless `fields` (a request's third item) says otherwise; its "structured_outputs"
+    are the keyword arguments of vLLM's `StructuredOutputsParams`."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    fields = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True} | (fields or {})
+    if "structured_outputs" in fields:
+        fields["structured_outputs"] = StructuredOutputsParams(**fields["structured_outputs"])
+    return SamplingParams(**fields)
 
 
 def spec_decode_counts(llm) -> dict | None:

@@ -19,10 +19,11 @@ A line of its own in a page
     <!-- measured: quant-kernels FILE.json -->                 chapter 13: the linear kernels at 1 to 64 rows
     <!-- measured: perplexity FILE.json -->                    chapter 13: perplexity and greedy agreement per format
     <!-- measured: speculative FILE.json -->                   chapter 14: speculation's speed, acceptance, tokens
+    <!-- measured: structured FILE.json -->                    chapter 15: the grammar's cost per step, compiling
 
 is replaced by Markdown made from `benchmarks/results/`, so that a page quotes the numbers of the files,
 with the machine and the load other processes put on it while they were measured. A missing file fails the
-build, but for `speculative`, whose block says how to measure it until its file is committed.
+build, but for `speculative` and `structured`, whose blocks say how to measure them until their files are committed.
 
 One value of a result file, anywhere in a sentence:
 
@@ -642,6 +643,64 @@ def block_speculative(results: Path, name: str) -> str:
     )
 
 
+def block_structured(results: Path, name: str) -> str:
+    """Chapter 15: each batch's decode step unconstrained, constrained and mixed, the grammar's share; compile
+    times per schema; vLLM's overhead when it ran."""
+    if not (results / name).is_file():
+        return f"_Not measured yet: `python -m benchmarks structured` writes `benchmarks/results/{name}`._\n"
+    result = load(results, name)
+
+    def ms(value, digits: int = 2) -> str:
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    rows = []
+    for r in result["steps"]:
+        overhead = r.get("overhead_pct")
+        rows.append(
+            [
+                str(r["batch"]),
+                r["constrained"],
+                str(r["full_steps"]),
+                f"**{ms(r['step_ms'])}**",
+                ms(r["mask_ms"], 3),
+                ms(r["accept_ms"], 3),
+                "–" if r["grammar_share"] is None else f"{r['grammar_share']:.1%}",
+                "–" if overhead is None or r["constrained"] == "none" else f"{overhead:+.1f}%",
+                {True: "yes", False: "**no**"}.get(r.get("identical"), "–"),
+            ]
+        )
+    headings = ["batch", "constrained", "full steps", "step ms", "mask ms", "accept ms", "grammar share"]
+    headings += ["overhead", "unconstrained rows' tokens unchanged"]
+    compiled = [[c["schema"], f"{c['cold_ms']:.1f}", f"{c['cached_ms']:.3f}"] for c in result["compile"]]
+    s = result["settings"]
+    text = (
+        run_line(result)
+        + f"\n{len(result['schemas'])} JSON schemas, greedy, at most {s['max_tokens']} tokens a request, EOS "
+        "honoured; at each batch size its requests added at once. Medians over the decode steps with every "
+        "request still running; *mask*: the bitmask filled and applied, *accept*: the grammar states moved "
+        "past the committed tokens.\n\n"
+        + table(headings, rows)
+        + f"\nCompiling (the tokenizer's vocabulary analysed first, once: "
+        f"{result['tokenizer_analysis_ms']:.0f} ms):\n\n" + table(["schema", "cold ms", "cached ms"], compiled)
+    )
+    for peer in result.get("peers", {}).values():
+        headings = ["batch", "constrained", "output tokens/s", "overhead"]
+        text += f"\n{peer.get('label', 'peer')}, the same requests:\n\n" + table(headings, peer_structured_rows(peer))
+    return text
+
+
+def peer_structured_rows(peer: dict) -> list[list[str]]:
+    """A peer's runs of the structured workload: batch, constrained, output tok/s, overhead (or why not run)."""
+    rows = []
+    for r in peer["rows"]:
+        if "error" in r:
+            rows.append([str(r["batch"]), r["constrained"], f"not run: {r['error']}", "–"])
+            continue
+        overhead = "–" if "overhead_pct" not in r else f"{r['overhead_pct']:+.1f}%"
+        rows.append([str(r["batch"]), r["constrained"], f"{r['output_tokens_per_s']:.1f}", overhead])
+    return rows
+
+
 BLOCKS = {
     "run": block_run,
     "decode-scaling": block_decode_scaling,
@@ -660,4 +719,5 @@ BLOCKS = {
     "quant-kernels": block_quant_kernels,
     "perplexity": block_perplexity,
     "speculative": block_speculative,
+    "structured": block_structured,
 }

@@ -261,6 +261,38 @@ def test_speculative_quick(tiny_gqa, tmp_path):
     assert block.count("**no**") == len(vllm)  # the fake peer's tokens after the checked ones are its own
 
 
+@pytest.mark.workload("structured")
+def test_structured_quick(tiny_gqa, tmp_path):
+    """At batch 1 and 2, unconstrained, all constrained and (at 2) half: the grammar's work timed only where
+    there is a constraint, the mixed batch's unconstrained tokens unchanged, every answer that ended valid
+    JSON; each schema compiled once, then found; vLLM (faked) with and without the schemas, its requests
+    carrying them; the docs block rendered from the result file."""
+    fakes = {"vllm": fake_peer(tmp_path, "vllm", HONEST.replace("(prompt, max_tokens)", "(prompt, max_tokens, *_)"))}
+    result = run_quick("structured", tiny_gqa, tmp_path, "--peers", "vllm", fakes=fakes)
+    rows = {(row["batch"], row["constrained"]): row for row in result["steps"]}
+    assert set(rows) == {(1, "none"), (1, "all"), (2, "none"), (2, "all"), (2, "half")}
+    for (batch, kind), row in rows.items():
+        assert row["full_steps"] > 0 and row["step_ms"] > 0 and 0 <= row["grammar_share"] < 1, row
+        assert row["output_tokens"] <= batch * 8 and row["output_tokens_per_s"] > 0
+        if kind == "none":
+            assert row["accept_ms"] == 0 and row["overhead_pct"] == 0 and "valid_json" not in row
+        else:
+            assert row["mask_ms"] > 0 and row["accept_ms"] > 0 and row["grammar_ms"] >= row["mask_ms"]
+            assert row["valid_json"] == row["constrained_finished_by_eos"]
+    assert rows[(2, "half")]["identical"] is True
+    assert [c["schema"] for c in result["compile"]] == ["person", "shopping", "ticket", "rating"]
+    assert result["tokenizer_analysis_ms"] > 0
+    assert all(0 < c["cached_ms"] < c["cold_ms"] for c in result["compile"])
+    vllm = result["peers"]["vllm"]
+    assert [(r["batch"], r["constrained"]) for r in vllm["rows"]] == [(1, "none"), (1, "all"), (2, "none"), (2, "all")]
+    assert all(r["check"]["passed"] and r["output_tokens_per_s"] > 0 and r["agreement"] for r in vllm["rows"])
+    assert [r["check"]["tokens_each"] for r in vllm["rows"]] == [4, 2, 4, 2]
+    assert "overhead_pct" in vllm["rows"][-1] and vllm["settings"]["structured_outputs_config"]["backend"] == "xgrammar"
+    block = load_docs_results().block_structured(tmp_path, "structured.json")
+    assert "| 2 | half | " in block and block.count("| person |") == 1 and block.count("| vllm peer") == 0
+    assert "vllm peer, the same requests" in block and block.count("| 2 | all | ") == 2
+
+
 def load_docs_results():
     spec = importlib.util.spec_from_file_location("docs_results", ROOT / "scripts" / "docs_results.py")
     module = importlib.util.module_from_spec(spec)
