@@ -114,6 +114,15 @@ SUMMARIES = {
         ),
         "emit several tokens per forward at batch 1, exactly the tokens greedy would",
     ),
+    "ch15_structured_outputs": (
+        (
+            "why a mask and not a retry; a JSON schema, regex or choice list compiled once into a token automaton "
+            "(xgrammar) that knows tokens straddling JSON punctuation; one automaton state per answer, moved by "
+            "committed tokens only; an int32 bitmask setting forbidden logits to -inf before sampling and "
+            "verification; drafts cut at the first refused token; `response_format` on the server"
+        ),
+        "answer in valid JSON for a schema, or to a regex or a list of choices, every time",
+    ),
 }
 HEADING = re.compile(r"^#\s+(?:\d+\s*·\s*)?(.+?)\s*$", re.MULTILINE)
 
