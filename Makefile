@@ -68,11 +68,12 @@ bench: $(STAMP)
 	$(PY) -m benchmarks offline-cpu
 
 # Also vLLM's CPU build and llama.cpp, each installed on first use into .peers/NAME (llama.cpp compiles for ~15 min);
-# speculative sets rosellm's speculation against vLLM's n-gram speculation.
+# speculative sets rosellm's speculation against vLLM's n-gram speculation; structured, the cost of a JSON schema.
 bench-peers: $(STAMP)
 	$(PY) -m benchmarks offline-cpu --peers vllm,llamacpp
 	$(PY) -m benchmarks latency-cpu --peers vllm,vllm-bf16,llamacpp,llamacpp-q4_1
 	$(PY) -m benchmarks speculative --peers vllm
+	$(PY) -m benchmarks structured --peers vllm
 
 clean-venv:
 	rm -rf $(VENV)
