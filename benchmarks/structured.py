@@ -351,8 +351,7 @@ def sampling(name: str, constrained: bool) -> dict:
 def peer_result(peer, args, s: dict, all_prompts: list, tokens: dict) -> dict:
     """vLLM at each batch size, without then with the schemas; tok/s and the overhead of the constrained run.
     Each run is checked against rosellm's first tokens of its first request (`check_tokens`; constrained:
-    `check_constrained_tokens`, as vLLM's xgrammar backend writes JSON without the spaces after `,` and `:`
-    that rosellm's grammar writes), and its tokens compared with rosellm's (`agreement`). vLLM here takes
+    `check_constrained_tokens`), and its tokens compared with rosellm's (`agreement`). vLLM here takes
     `disable_any_whitespace` from its engine's `structured_outputs_config`, not from the request."""
     rows, head = [], {}
     for batch in s["batch"]:
