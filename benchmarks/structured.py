@@ -57,6 +57,7 @@ CHAPTER = 15
 FULL = {"batch": [1, 8, 32], "mixed_batch": 8, "max_tokens": 64, "rounds": 3, "enforce_eager": 0}
 FULL |= {"check_tokens": 8, "check_constrained_tokens": 8}  # the peer's check against rosellm's tokens
 QUICK = {"batch": [1, 2], "mixed_batch": 2, "max_tokens": 8, "rounds": 1, "check_tokens": 4, "enforce_eager": 1}
+QUICK |= {"check_constrained_tokens": 4}
 SCHEMAS = {
     "person": {  # a nested object
         "type": "object",
