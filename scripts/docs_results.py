@@ -645,7 +645,7 @@ def block_speculative(results: Path, name: str) -> str:
 
 def block_structured(results: Path, name: str) -> str:
     """Chapter 15: each batch's decode step unconstrained, constrained and mixed, the grammar's share; compile
-    times per schema; vLLM's overhead when it ran."""
+    times per schema; vLLM's speed beside rosellm's when it ran."""
     if not (results / name).is_file():
         return f"_Not measured yet: `python -m benchmarks structured` writes `benchmarks/results/{name}`._\n"
     result = load(results, name)
@@ -683,21 +683,38 @@ def block_structured(results: Path, name: str) -> str:
         + f"\nCompiling (the tokenizer's vocabulary analysed first, once: "
         f"{result['tokenizer_analysis_ms']:.0f} ms):\n\n" + table(["schema", "cold ms", "cached ms"], compiled)
     )
+    ours = {(r["batch"], r["constrained"]): r for r in result["steps"]}
     for peer in result.get("peers", {}).values():
-        headings = ["batch", "constrained", "output tokens/s", "overhead"]
-        text += f"\n{peer.get('label', 'peer')}, the same requests:\n\n" + table(headings, peer_structured_rows(peer))
+        label = peer.get("label", "peer")
+        headings = [
+            "batch",
+            "constrained",
+            "output tokens",
+            "rosellm tokens/s",
+            f"{label.split(' (')[0]} tokens/s",
+            "same tokens",
+        ]
+        text += (
+            f"\n{label}, the same requests (tokens/s over the whole run, prefill included: a constrained answer "
+            "is shorter, so its run spends a larger share in prefill):\n\n"
+            + table(headings, peer_structured_rows(peer, ours))
+        )
     return text
 
 
-def peer_structured_rows(peer: dict) -> list[list[str]]:
-    """A peer's runs of the structured workload: batch, constrained, output tok/s, overhead (or why not run)."""
+def peer_structured_rows(peer: dict, ours: dict) -> list[list[str]]:
+    """A peer's runs of the structured workload beside rosellm's: batch, constrained, output tokens, both
+    engines' output tok/s, whether the peer's tokens equal rosellm's (or why it did not run)."""
     rows = []
     for r in peer["rows"]:
+        mine = ours[r["batch"], r["constrained"]]
+        head = [str(r["batch"]), r["constrained"], str(mine["output_tokens"]), f"{mine['output_tokens_per_s']:.1f}"]
         if "error" in r:
-            rows.append([str(r["batch"]), r["constrained"], f"not run: {r['error']}", "–"])
+            rows.append(head + [f"not run: {r['error']}", "–"])
             continue
-        overhead = "–" if "overhead_pct" not in r else f"{r['overhead_pct']:+.1f}%"
-        rows.append([str(r["batch"]), r["constrained"], f"{r['output_tokens_per_s']:.1f}", overhead])
+        agreement = r.get("agreement", {})
+        same = "yes" if agreement.get("equal_token_share") == 1.0 else f"{agreement.get('equal_token_share', 0):.0%}"
+        rows.append(head + [f"{r['output_tokens_per_s']:.1f}", same])
     return rows
 
 
