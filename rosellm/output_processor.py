@@ -4,6 +4,7 @@
 from dataclasses import dataclass
 
 import torch
+import xgrammar
 
 from .detokenizer import IncrementalDetokenizer
 from .grammar import GrammarState
@@ -36,7 +37,13 @@ class RequestState:
 
     @classmethod
     def start(
-        cls, prompt: str | None, seq: Sequence, tokenizer, generators: list, speculative: bool = False, grammar=None
+        cls,
+        prompt: str | None,
+        seq: Sequence,
+        tokenizer,
+        generators: list,
+        speculative: bool = False,
+        grammar: xgrammar.CompiledGrammar | None = None,
     ) -> "RequestState":
         """A new request's record: its one sequence, and per sample (`generators` has one each) a detokenizer,
         a random stream, a stop-string matcher and, given a compiled `grammar`, its own state in it; counts of
