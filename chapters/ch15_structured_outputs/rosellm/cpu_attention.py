@@ -1,0 +1,135 @@
+"""The "cpu" attention backend: no row copies keys and values out of the pool when it need not.
+
+The "torch" backend copies every group's blocks out of the pool before SDPA reads them: for a decode step
+that is the whole KV cache written once more and read twice, and SDPA's CPU kernel is slow for one query
+per sequence. Here:
+- a group of decode rows is one function of the pool and the block tables, written as plain tensor algebra
+  (a gather, a product summed over head_dim, a softmax, a weighted sum over keys); torch.compile (Inductor)
+  turns it into loops that load each key and value from its block where it lies;
+- a prompt with nothing cached before this step attends to its own new keys and values, read from the
+  slots `store_kv` has just written (a copy the size of the prompt's keys): causal SDPA on them, with no
+  padding and no mask;
+- a prompt chunk after a cached or computed beginning goes to the grouped backend it holds.
+"""
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from .attention_metadata import AttentionMetadata
+from .grouped_attention import GroupedAttentionBackend, GroupedAttentionPlan, GroupPlan, row_groups
+from .paged_attention import store_kv
+
+
+def decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> torch.Tensor:
+    """One new token per sequence attends to all of its sequence's keys.
+
+    query:                  [batch, heads, head_dim]
+    key_cache, value_cache: [num_blocks, block_size, kv_heads, head_dim]
+    block_tables:           [batch, blocks] (no -1: a slot past a sequence's end is masked, not read as -1)
+    seq_lens:               [batch]
+    -> [batch, heads, head_dim]
+    """
+    batch, heads, head_dim = query.shape
+    blocks, (block_size, kv_heads) = block_tables.shape[1], key_cache.shape[1:3]
+    group = heads // kv_heads  # query head h reads KV head h // group
+    keys = key_cache[block_tables]  # [batch, blocks, block_size, kv_heads, head_dim]: compiled, loads, not a copy
+    values = value_cache[block_tables]
+    grouped = query.view(batch, 1, 1, kv_heads, group, head_dim)
+    scores = (keys[..., None, :] * grouped).sum(-1) * head_dim**-0.5  # [batch, blocks, block_size, kv_heads, group]
+    scores = scores.flatten(1, 2)  # [batch, keys, kv_heads, group]
+    visible = torch.arange(blocks * block_size, device=query.device)[None, :] < seq_lens[:, None]  # [batch, keys]
+    weights = scores.masked_fill(~visible[:, :, None, None], float("-inf")).softmax(dim=1)
+    weights = weights.view(batch, blocks, block_size, kv_heads, group, 1)
+    out = (weights * values[..., None, :]).sum((1, 2))  # [batch, kv_heads, group, head_dim]
+    return out.reshape(batch, heads, head_dim)
+
+
+@functools.cache
+def _compiled() -> Callable:
+    """Compiled on first use (importing torch.compile's machinery costs seconds, and imports Triton)."""
+    return torch.compile(decode_attention, dynamic=False)
+
+
+def compiled_decode_attention(query, key_cache, value_cache, block_tables, seq_lens) -> torch.Tensor:
+    """`decode_attention` compiled for every batch, table width and pool size, but for one model's heads,
+    head_dim and block size: Inductor's loops are much tighter when those are constants."""
+    for tensor, dims in (
+        (query, (0,)),
+        (key_cache, (0,)),
+        (value_cache, (0,)),
+        (block_tables, (0, 1)),
+        (seq_lens, (0,)),
+    ):
+        for dim in dims:
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    return _compiled()(query, key_cache, value_cache, block_tables, seq_lens)
+
+
+@dataclass
+class CpuPlan:
+    """What `CpuAttentionBackend.plan` makes for one forward."""
+
+    fresh_prompts: list[tuple[int, int]]  # query rows start:end of each prompt with nothing cached
+    decode_groups: list[GroupPlan]  # decode rows, grouped by length
+    others: GroupedAttentionPlan  # the rest: prompt chunks after a cached or computed beginning
+
+
+class CpuAttentionBackend:
+    """The "cpu" backend: decode groups read the pool in place, fresh prompts their own new keys, and a
+    grouped ("torch") backend, which it holds, attends the other rows."""
+
+    name = "cpu"
+
+    def __init__(self):
+        self.grouped = GroupedAttentionBackend()
+
+    def plan(self, metadata: AttentionMetadata, block_size: int) -> CpuPlan:
+        """Fresh prompts (every token new this step, more than one) apart; decode rows and the rest grouped
+        as the grouped backend groups them (set the result as `metadata.plan`)."""
+        starts, query_lens = metadata.query_start_loc.tolist(), metadata.query_lens.tolist()
+        seq_lens = metadata.seq_lens.tolist()
+        fresh = [b for b, (q, n) in enumerate(zip(query_lens, seq_lens)) if q == n and q > 1]
+        decode = [b for b, q in enumerate(query_lens) if q == 1]
+        others = [b for b, (q, n) in enumerate(zip(query_lens, seq_lens)) if 1 < q < n]
+        return CpuPlan(
+            fresh_prompts=[(starts[b], starts[b + 1]) for b in fresh],
+            decode_groups=[GroupPlan(rows, metadata, block_size) for rows in row_groups(metadata, decode)],
+            others=self.grouped.plan(metadata, block_size, others),
+        )
+
+    def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        store_kv(key, value, key_cache, value_cache, slot_mapping)
+
+    def paged_attention(
+        self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], as the reference."""
+        plan = metadata.plan
+        if not isinstance(plan, CpuPlan):
+            raise RuntimeError("this forward has no plan: set metadata.plan = backend.plan(metadata, block_size)")
+        out = self.grouped.paged_attention(query, key_cache, value_cache, replace(metadata, plan=plan.others))
+        for group in plan.decode_groups:
+            out[group.tokens] = compiled_decode_attention(
+                query[group.tokens], key_cache, value_cache, group.block_tables, group.seq_lens
+            )
+        keys, values = key_cache.flatten(0, 1), value_cache.flatten(0, 1)  # [slots, kv_heads, head_dim]
+        for start, end in plan.fresh_prompts:
+            slots = metadata.slot_mapping[start:end]  # where this step stored the prompt's keys and values
+            out[start:end] = F.scaled_dot_product_attention(  # 4-D: SDPA's CPU kernel is several times slower on 3-D
+                query[None, start:end].transpose(1, 2),  # [1, heads, tokens, head_dim]
+                keys[None, slots].transpose(1, 2),  # [1, kv_heads, tokens, head_dim]
+                values[None, slots].transpose(1, 2),
+                is_causal=True,
+                enable_gqa=True,
+            )[0].transpose(0, 1)
+        return out

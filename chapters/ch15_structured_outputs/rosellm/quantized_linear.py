@@ -1,0 +1,226 @@
+"""Linear layers and an embedding on weights stored in fewer bytes: 4-bit or 8-bit codes per weight, and a
+scale (and a minimum) per group of consecutive weights in a row.
+
+    w = (code - offset) * scale + minimum        over a group of `group` weights of one row
+
+`Int4Linear` holds codes 0..15 (GGUF's Q4_0: offset 8, no minimum; Q4_1 and our int4: offset 0 and a
+minimum), `Int8Linear` holds int8 codes and a scale only (GGUF's Q8_0: groups of 32; our int8: one group per
+row). `dequantize()` gives the exact fp32 weight these stand for: for a GGUF tensor, bit for bit what
+`gguf.quants.dequantize` gives.
+
+Each layer runs as a custom operator that picks its kernel by the rows of its input. With few rows (decode,
+batch 1 to SMALL_BATCH_ROWS) on bf16 activations, PyTorch's CPU kernels multiply the packed codes directly
+(`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`): a 4-bit weight is read in an eighth of the bytes of
+fp32. With more rows the multiply, not the reading, costs most, and a dense copy of the dequantized weight
+in the compute dtype, made once at load, wins with `F.linear`. With fp32 activations the packed kernels lose
+at every row count, so fp32 compute always takes the dense copy. The cost of that copy: the layer holds its
+codes (0.5 or 1 byte per weight), the kernel's packed codes (0.5 byte for int4) and the dense copy (2 bytes
+in bf16, 4 in fp32).
+"""
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GROUP = 32  # weights per scale in GGUF's Q4_0, Q4_1, Q8_0 and in our int4
+
+# Most rows (tokens) for which the packed kernels beat the dense copy on bf16 activations. Measured on a
+# 2-core AVX-512 BF16 CPU, one thread, 20 layers of 1536x576 (ms): int4 packed 1.3 / 2.5 / 4.6 / 7.3 / 14.2
+# at 1 / 4 / 8 / 16 / 32 rows, int8 per channel 3.2 / 4.0 / 6.6 / 10.7 / 19.3, dense bf16 5.5 / 5.8 / 6.5 /
+# 7.8 / 10.7: int4 wins up to 8 rows, int8 ties there, dense wins from 16.
+SMALL_BATCH_ROWS = 8
+# Q8_0's int8 in groups of 32 takes one kernel call per group (18 for 576 inputs): 6.2 ms at 1 row, 7.8 at
+# 2, 10.5 at 4 on the same layers, so it pays at one row only.
+GROUPED_INT8_ROWS = 1
+PACKED_DTYPES = (torch.bfloat16,)  # activations on which the packed kernels pay
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A [rows, cols] matrix as codes and per-group scales: w = (codes - offset) * scales + minimums.
+
+    codes:    [rows, cols] uint8 (4 bits: 0..15) or int8 (8 bits)
+    scales:   [rows, cols // group] fp32
+    minimums: [rows, cols // group] fp32, or None (no minimum)
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    minimums: torch.Tensor | None
+    offset: int
+    bits: int
+    group: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight [rows, cols]."""
+        return dequantize(self.codes, self.scales, self.minimums, self.offset, self.group)
+
+    def map_rows(self, fn) -> "QuantizedWeight":
+        """The same weight with `fn` applied to the rows of codes, scales and minimums (a permutation)."""
+        minimums = None if self.minimums is None else fn(self.minimums)
+        return replace(self, codes=fn(self.codes), scales=fn(self.scales), minimums=minimums)
+
+    @staticmethod
+    def cat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":
+        """Rows of `parts` one after the other (all in the same format)."""
+        first = parts[0]
+        if any(
+            (p.bits, p.offset, p.group, p.minimums is None)
+            != (first.bits, first.offset, first.group, first.minimums is None)
+            for p in parts
+        ):
+            raise ValueError("cannot concatenate weights quantized in different formats")
+        minimums = None if first.minimums is None else torch.cat([p.minimums for p in parts])
+        return replace(
+            first,
+            codes=torch.cat([p.codes for p in parts]),
+            scales=torch.cat([p.scales for p in parts]),
+            minimums=minimums,
+        )
+
+
+def dequantize(codes, scales, minimums, offset: int, group: int) -> torch.Tensor:
+    """(codes - offset) * scales + minimums, each scale and minimum repeated over its group: -> fp32."""
+    weight = (codes.float() - offset) * scales.repeat_interleave(group, dim=-1)
+    return weight if minimums is None else weight + minimums.repeat_interleave(group, dim=-1)
+
+
+def uses_packed_kernel(x: torch.Tensor, max_rows: int) -> bool:
+    """Whether the packed kernel multiplies x [rows, in] (else the dense copy does)."""
+    return x.device.type == "cpu" and x.dtype in PACKED_DTYPES and x.shape[0] <= max_rows
+
+
+# One set of operators per copy of the package (see packed_linear.py).
+NAMESPACE = __package__.replace(".", "_")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::int4_linear", mutates_args=())
+def int4_linear(
+    x: torch.Tensor, packed: torch.Tensor, scale_and_zero: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [rows, in] @ w.T + bias -> [rows, out]: the packed 4-bit kernel or the dense copy `dense` [out, in]."""
+    if not uses_packed_kernel(x, SMALL_BATCH_ROWS):
+        return F.linear(x, dense, bias)
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scale_and_zero.to(x.dtype))
+    return out if bias is None else out + bias
+
+
+@int4_linear.register_fake
+def _(x, packed, scale_and_zero, dense, bias):
+    return x.new_empty(*x.shape[:-1], dense.shape[0])
+
+
+@torch.library.custom_op(f"{NAMESPACE}::int8_linear", mutates_args=())
+def int8_linear(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [rows, in] @ w.T + bias -> [rows, out]: the int8 kernel once per group of codes [groups, out, group]
+    (scales [groups, out]), the partial products summed in fp32; or the dense copy `dense` [out, in]."""
+    groups, _, group = codes.shape
+    if not uses_packed_kernel(x, SMALL_BATCH_ROWS if groups == 1 else min(SMALL_BATCH_ROWS, GROUPED_INT8_ROWS)):
+        return F.linear(x, dense, bias)
+    scales = scales.to(x.dtype)
+    out = sum(
+        torch.ops.aten._weight_int8pack_mm(x[:, g * group : (g + 1) * group].contiguous(), codes[g], scales[g]).float()
+        for g in range(groups)
+    )
+    out = out.to(x.dtype)
+    return out if bias is None else out + bias
+
+
+@int8_linear.register_fake
+def _(x, codes, scales, dense, bias):
+    return x.new_empty(*x.shape[:-1], dense.shape[0])
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """[rows, cols] codes 0..15 -> [rows, cols // 2] uint8, two codes a byte (even column low)."""
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of `pack_nibbles`: [rows, cols // 2] -> [rows, cols] uint8."""
+    return torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2)
+
+
+class Int4Linear(nn.Module):
+    """A linear layer on 4-bit codes, a scale and a minimum per group of 32 weights of a row."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        if weight.bits != 4 or weight.group != GROUP:
+            raise ValueError(f"Int4Linear takes 4-bit codes in groups of {GROUP}")
+        self.out_features, self.in_features = weight.shape
+        self.offset = weight.offset
+        minimums = weight.minimums if weight.minimums is not None else torch.zeros_like(weight.scales)
+        self.register_buffer("codes", pack_nibbles(weight.codes))  # [out, in / 2] uint8
+        self.register_buffer("scales", weight.scales)  # [out, in / 32] fp32
+        self.register_buffer("minimums", minimums)  # [out, in / 32] fp32
+        self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
+        # The kernel's layout and its formula w = (code - 8) * scale + zero
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.int(), 1))
+        zeros = minimums + (8 - self.offset) * weight.scales
+        scale_and_zero = torch.stack([weight.scales.T, zeros.T], -1).to(dtype).contiguous()
+        self.register_buffer("scale_and_zero", scale_and_zero)  # [in / 32, out, 2] in the compute dtype
+        self.register_buffer("dense", self.dequantize().to(dtype))  # [out, in] in the compute dtype
+
+    def dequantize(self) -> torch.Tensor:
+        """The exact fp32 weight [out, in]."""
+        return dequantize(unpack_nibbles(self.codes), self.scales, self.minimums, self.offset, GROUP)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = int4_linear(x.reshape(-1, self.in_features), self.packed, self.scale_and_zero, self.dense, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class Int8Linear(nn.Module):
+    """A linear layer on int8 codes and a scale per group of a row (one group per row: per-channel)."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        if weight.bits != 8 or weight.minimums is not None or weight.offset != 0:
+            raise ValueError("Int8Linear takes symmetric int8 codes (no offset, no minimum)")
+        self.out_features, self.in_features = weight.shape
+        self.group = weight.group
+        groups = self.in_features // self.group
+        codes = weight.codes.reshape(self.out_features, groups, self.group).transpose(0, 1).contiguous()
+        self.register_buffer("codes", codes)  # [groups, out, group] int8: one contiguous matrix per group
+        self.register_buffer("scales", weight.scales.T.contiguous())  # [groups, out] fp32
+        self.register_buffer("kernel_scales", self.scales.to(dtype))
+        self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
+        self.register_buffer("dense", self.dequantize().to(dtype))  # [out, in] in the compute dtype
+
+    def dequantize(self) -> torch.Tensor:
+        """The exact fp32 weight [out, in]."""
+        codes = self.codes.transpose(0, 1).flatten(1)  # [out, in]
+        return dequantize(codes, self.scales.T, None, 0, self.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = int8_linear(x.reshape(-1, self.in_features), self.codes, self.kernel_scales, self.dense, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embeddings from int8 codes: looks up the codes and scales of the tokens' rows and dequantizes
+    those rows only. Shares its codes with a tied `Int8Linear` LM head."""
+
+    def __init__(self, head: Int8Linear, dtype: torch.dtype):
+        super().__init__()
+        self.codes, self.scales = head.codes, head.scales  # [groups, vocab, group], [groups, vocab]
+        self.group, self.dtype = head.group, dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # input_ids: [num_tokens] -> [num_tokens, hidden]
+        codes = self.codes[:, input_ids].transpose(0, 1).flatten(1)  # [num_tokens, hidden]
+        return dequantize(codes, self.scales[:, input_ids].T, None, 0, self.group).to(self.dtype)
+
+
+def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
+    """The layer for `weight`'s format: `Int4Linear` for 4-bit codes, `Int8Linear` for 8-bit."""
+    return (Int4Linear if weight.bits == 4 else Int8Linear)(weight, bias, dtype)
