@@ -55,6 +55,9 @@ CAPABILITIES = {
     "structured_outputs": (
         "`SamplingParams(structured_outputs=...)`: a JSON schema, regex, choice or grammar masks the logits"
     ),
+    "engine_core": (
+        "`AsyncLLM`: the engine in engine-core processes behind a front end (ZeroMQ), data-parallel replicas"
+    ),
 }
 
 

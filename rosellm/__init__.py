@@ -1,5 +1,6 @@
 """rosellm: an LLM inference engine built from scratch, one chapter at a time."""
 
+from .async_llm import AsyncLLM
 from .engine_config import EngineConfig
 from .llm import LLM
 from .llm_engine import LLMEngine
@@ -7,7 +8,7 @@ from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 from .structured_outputs import StructuredOutputsParams
 
-__chapter__ = "15_structured_outputs"
+__chapter__ = "16_engine_core"
 __capabilities__ = frozenset(
     {
         "kv_cache",
@@ -27,9 +28,11 @@ __capabilities__ = frozenset(
         "quantization",
         "speculative_decoding",
         "structured_outputs",
+        "engine_core",
     }
 )
 __all__ = [
+    "AsyncLLM",
     "CompletionOutput",
     "EngineConfig",
     "LLM",

@@ -10,7 +10,9 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -21,6 +23,7 @@ from .quantization import check_options
 from .speculative_config import SpeculativeConfig
 from .speculative_decoding import check_draft_model
 
+T = TypeVar("T")
 DEMO_QUESTIONS = [
     "What is the capital of France?",
     "Give me three tips for writing clear code.",
@@ -91,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="answer three questions, streaming", formatter_class=DefaultsHelpFormatter)
     serve = sub.add_parser(
         "serve",
-        help="serve OpenAI's API over HTTP (chapter 10)",
+        help="serve OpenAI's API over HTTP (chapter 10), the engine in processes of its own (chapter 16)",
         description="Serve OpenAI's /v1/completions and /v1/chat/completions over HTTP. A request may constrain its "
         "answer (chapter 15) with OpenAI's response_format (json_object, json_schema) or vLLM's structured_outputs "
         "(json, regex, choice, grammar) and guided_json / guided_regex / guided_choice / guided_grammar.",
@@ -168,6 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--served-model-name", default=None, help="the model's name in the API; default: its file or folder name"
     )
     serve.add_argument("--max-num-seqs", type=at_least(1, int), default=32, help="most sequences running at once")
+    serve.add_argument(
+        "--data-parallel-size",
+        type=at_least(1, int),
+        default=1,
+        help="engine cores, each a process with a full copy of the model and its own KV pool, sharing the CPU "
+        "threads; a new request goes to the least loaded (chapter 16)",
+    )
+    serve.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the engine in the server's own process, driven by a thread (chapter 10), instead of in "
+        "engine-core processes",
+    )
     serve.add_argument(
         "--max-model-len", type=at_least(2, int), default=None, help="longest prompt + answer; default: the context"
     )
@@ -292,17 +308,23 @@ def needs_conversion(source: Path, quantization: str | None = None) -> bool:
 
 def load_llm(package, model: str | None, source: Path, options: dict):
     """`package.LLM(model, **options)`, telling stderr what takes time while it happens."""
-    what = (
-        f"converting {source.name} to a cached Hugging Face folder (first run only, ~20 s)"
-        if needs_conversion(source, options.get("quantization"))
-        else f"loading {source.name} on {options['device']}"
-    )
+    return announced(loading_what(source, options), lambda: package.LLM(model, **options))
+
+
+def loading_what(source: Path, options: dict) -> str:
+    if needs_conversion(source, options.get("quantization")):
+        return f"converting {source.name} to a cached Hugging Face folder (first run only, ~20 s)"
+    return f"loading {source.name} on {options['device']}"
+
+
+def announced(what: str, build: Callable[[], T]) -> T:
+    """`build()`, with `what` on stderr meanwhile (and on a terminal the seconds it takes), then its time."""
     done = threading.Event()
     ticker = threading.Thread(target=show_elapsed, args=(what, done), daemon=True)
     ticker.start()
     start = time.perf_counter()
     try:
-        return package.LLM(model, **options)
+        return build()
     finally:
         done.set()
         ticker.join()
@@ -368,6 +390,8 @@ def serve(parser: argparse.ArgumentParser, args) -> None:
         check_device(args.device)
         check_attention_backend(args.attention_backend, args.device)
         check_quantization(args)
+        if args.in_process and args.data_parallel_size > 1:
+            raise BadOption("--data-parallel-size: replicas are engine-core processes (not with --in-process)")
         try:
             sock = api_server.listening_socket(args.host, args.port)
         except OSError as error:
@@ -377,7 +401,7 @@ def serve(parser: argparse.ArgumentParser, args) -> None:
     options = engine_options(args) | {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len}
     try:
         with sock:
-            engine = load_llm(importlib.import_module(__package__), args.model, source, options).llm_engine
+            engine = start_engine(args, source, options)
             name = args.served_model_name or default_model_name(args.model)
             host, port = sock.getsockname()[:2]
             print(f"serving {name} at http://{host}:{port}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
@@ -386,6 +410,19 @@ def serve(parser: argparse.ArgumentParser, args) -> None:
         parser.exit(1, f"rosellm serve: error: {error}\n")
     except KeyboardInterrupt:
         parser.exit(130, "\n")
+
+
+def start_engine(args, source: Path, options: dict):
+    """The server's engine: engine-core processes behind a front end (chapter 16), or with --in-process one
+    engine driven by a thread of the server's own process (chapter 10)."""
+    from .async_engine import AsyncLLMEngine
+    from .async_llm import AsyncLLM
+
+    if args.in_process:
+        return AsyncLLMEngine(load_llm(importlib.import_module(__package__), args.model, source, options).llm_engine)
+    cores = args.data_parallel_size
+    what = f"{loading_what(source, options)}, in {cores} engine-core process{'es' if cores > 1 else ''}"
+    return announced(what, lambda: AsyncLLM(args.model, data_parallel_size=cores, **options))
 
 
 def main(argv: list[str] | None = None) -> None:

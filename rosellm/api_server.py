@@ -1,5 +1,6 @@
-"""The OpenAI-compatible HTTP server: FastAPI routes over one `AsyncLLMEngine`, run by uvicorn
-(`python -m rosellm serve`).
+"""The OpenAI-compatible HTTP server: FastAPI routes over an async engine, run by uvicorn (`python -m rosellm
+serve`): `AsyncLLM`, a front end to engine-core processes (async_llm.py), or chapter 10's `AsyncLLMEngine`,
+the engine driven by a thread of this process (`--in-process`). Both have the same interface.
 
 Routes: GET /v1/models; POST /v1/completions and /v1/chat/completions, streamed as server-sent events when the
 body says `"stream": true` (OpenAI's chunks, then `data: [DONE]`); GET /health; GET /metrics (Prometheus text).
@@ -8,7 +9,8 @@ openai_protocol.py); the engine compiles it when it takes the request, so a cons
 a 400 before anything is queued or streamed.
 
 Errors reach clients as OpenAI's JSON (`openai_protocol.APIError`): 400 for a bad request, with the engine's own
-message naming the limit; 404 for an unknown model or route; 500 with a generic message for anything else, whose
+message naming the limit; 404 for an unknown model or route; 503 once the engine has stopped (an engine core
+died: `/health` says 503 too); 500 with a generic message for anything else, whose
 traceback goes to the server's log (uvicorn logs what the app re-raises), never to the client.
 
 A client that goes away aborts its request at once, wherever the request is. A non-streamed request races its
@@ -33,8 +35,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from .async_engine import AsyncLLMEngine, RequestStream
-from .llm_engine import LLMEngine
+from .async_engine import AsyncLLMEngine, EngineStoppedError, RequestStream
+from .async_llm import AsyncLLM
 from .openai_protocol import (
     APIError,
     GenerationRequest,
@@ -53,7 +55,7 @@ INTERNAL_ERROR = APIError("internal server error (the server's log has the detai
 class OpenAIServer:
     """What the routes do, over one engine serving one model under the name `model_name`."""
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str):
+    def __init__(self, engine: AsyncLLM | AsyncLLMEngine, model_name: str):
         self.engine, self.model_name = engine, model_name
         self.created = int(time.time())
 
@@ -88,6 +90,8 @@ class OpenAIServer:
             return await self.engine.add_request(wanted.prompt, wanted.params, request_id)
         except ValueError as error:  # the engine's checks: the message names the limit
             raise APIError(str(error)) from None
+        except EngineStoppedError as error:
+            raise APIError(str(error), status=503) from None
 
     async def _complete(self, wanted: GenerationRequest, request_id: str) -> RequestOutput:
         """The request's finished output; aborted if this is cancelled (the client left) or fails."""
@@ -157,7 +161,7 @@ async def disconnected(request: Request) -> None:
         pass
 
 
-def build_app(engine: AsyncLLMEngine, model_name: str) -> FastAPI:
+def build_app(engine: AsyncLLM | AsyncLLMEngine, model_name: str) -> FastAPI:
     """The FastAPI app serving `engine` as the model `model_name`; it shuts the engine down when it stops."""
     server = OpenAIServer(engine, model_name)
 
@@ -219,9 +223,9 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family)
 
 
-def serve(engine: LLMEngine, sock: socket.socket, model_name: str, log_level: str = "info") -> None:
+def serve(engine: AsyncLLM | AsyncLLMEngine, sock: socket.socket, model_name: str, log_level: str = "info") -> None:
     """Serve `engine` on `sock` until interrupted (Ctrl-C); in-flight requests get 5 s to finish, then the
     engine shuts down."""
-    app = build_app(AsyncLLMEngine(engine), model_name)
+    app = build_app(engine, model_name)
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])

@@ -41,6 +41,9 @@ class EngineConfig:
                             tensor parallelism
     speculative_config:     speculative decoding (speculative_config.py): vLLM's dict, e.g. {"method": "ngram",
                             "num_speculative_tokens": 4}; None: off
+    detokenize:             turn tokens into text and match stop strings in the engine; False leaves both to
+                            the caller (a split server's front end: async_llm.py), whose outputs then carry
+                            token ids and no text
     """
 
     max_model_len: int | None = None
@@ -57,6 +60,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     quantization: str | None = None
     speculative_config: SpeculativeConfig | dict | None = None
+    detokenize: bool = True
 
     def __post_init__(self):
         for name in (
@@ -75,7 +79,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not (isinstance(self.watermark, (int, float)) and 0 <= self.watermark < 1):
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"):
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_quantization(self.quantization)

@@ -27,6 +27,25 @@ def is_token_id(value, vocab_size: int) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < vocab_size
 
 
+def tokenize_prompt(prompt, tokenizer, vocab_size: int) -> tuple[str | None, list[int]]:
+    """(the prompt's text or None, its checked token ids) from any of the accepted prompt shapes."""
+    if isinstance(prompt, dict):
+        if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
+            prompt = prompt["prompt"]
+        elif set(prompt) == {"prompt_token_ids"}:
+            prompt = prompt["prompt_token_ids"]
+        else:
+            raise ValueError(
+                'a dict prompt must be {"prompt": str} or {"prompt_token_ids": [int, ...]}, '
+                f"got keys {sorted(prompt)}"
+            )
+    if isinstance(prompt, str):
+        return prompt, (tokenizer.encode(prompt) if prompt else [])
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) for t in prompt):
+        return None, check_token_ids(prompt, vocab_size)
+    raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+
+
 class InputProcessor:
     """Turns (request id, prompt, sampling params) into a checked `Sequence` for `scheduler`."""
 
@@ -49,29 +68,11 @@ class InputProcessor:
             raise ValueError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
         # A copy, validated again: changing the caller's object later must not change this request.
         params = dataclasses.replace(sampling_params) if sampling_params else SamplingParams()
-        text, token_ids = self.tokenize(prompt)
+        text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
         check_token_ids(params.stop_token_ids, self.vocab_size, "stop_token_ids")
         seq = Sequence(request_id, token_ids, params, self.eos_token_ids, self.max_model_len)
         self.check_fits(seq)
         return text, seq
-
-    def tokenize(self, prompt) -> tuple[str | None, list[int]]:
-        """(the prompt's text or None, its checked token ids) from any of the accepted prompt shapes."""
-        if isinstance(prompt, dict):
-            if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
-                prompt = prompt["prompt"]
-            elif set(prompt) == {"prompt_token_ids"}:
-                prompt = prompt["prompt_token_ids"]
-            else:
-                raise ValueError(
-                    'a dict prompt must be {"prompt": str} or {"prompt_token_ids": [int, ...]}, '
-                    f"got keys {sorted(prompt)}"
-                )
-        if isinstance(prompt, str):
-            return prompt, (self.tokenizer.encode(prompt) if prompt else [])
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) for t in prompt):
-            return None, check_token_ids(prompt, self.vocab_size)
-        raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def check_fits(self, seq: Sequence) -> None:
         """Reject what could never run, even alone: after a preemption a request is prefilled again with

@@ -145,7 +145,9 @@ class LLMEngine:
         grammar = None if constraint is None else self.grammars.compile(constraint)  # before the step, once
         generators = make_generators(seq.params, self.model_runner.device)
         speculative = self.proposer is not None
-        self.requests[request_id] = RequestState.start(text, seq, self.tokenizer, generators, speculative, grammar)
+        self.requests[request_id] = RequestState.start(
+            text, seq, self.tokenizer, generators, speculative, grammar, self.config.detokenize
+        )
         self.scheduler.add(seq)
         return request_id
 

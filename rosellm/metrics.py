@@ -3,7 +3,9 @@
 The engine's load (requests running and waiting), its KV pool (blocks used and free), its prefix cache (prompt
 tokens looked up and found), speculative decoding's drafts (proposed and accepted), and what clients feel:
 time to first token and inter-token latency, as histograms.
-The engine thread records, the server renders: every access holds one lock.
+The engine thread records, the server renders: every access holds one lock. With several engine cores
+(data parallelism, async_llm.py), each core's load is reported apart, labelled `engine="N"` as vLLM labels it;
+the latency histograms are the front end's, over all of them.
 """
 
 import math
@@ -11,7 +13,6 @@ import threading
 from bisect import bisect_left
 
 from .llm_engine import EngineStats
-from .outputs import SpecDecodeStats
 
 # Seconds: from a millisecond (a tiny model's step) to a long queue under load.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -44,23 +45,37 @@ class EngineMetrics:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.requests_running = self.requests_waiting = 0
-        self.blocks_used = self.blocks_free = 0
-        self.prefix_cache_queries = self.prefix_cache_hits = 0  # prompt tokens looked up / found in the cache
-        self.spec_decode: SpecDecodeStats | None = None  # drafts proposed and accepted; None: no speculation
+        self.stats: dict[int | None, EngineStats] = {}  # per engine core; None: the one engine, unlabelled
         self.time_to_first_token = Histogram()
         self.inter_token_latency = Histogram()
 
-    def record_stats(self, stats: EngineStats) -> None:
-        """From the engine thread, between steps: how many requests run and wait, how the KV pool and the
-        prefix cache are used."""
+    def record_stats(self, stats: EngineStats, engine: int | None = None) -> None:
+        """Between steps: how many requests run and wait, how the KV pool and the prefix cache are used (of
+        engine core `engine`, or of the one engine)."""
         with self._lock:
-            self.requests_running = len(stats.running_requests)
-            self.requests_waiting = len(stats.waiting_requests)
-            self.blocks_free = stats.num_free_blocks
-            self.blocks_used = stats.num_total_blocks - stats.num_free_blocks
-            self.prefix_cache_queries, self.prefix_cache_hits = stats.prefix_cache_queries, stats.prefix_cache_hits
-            self.spec_decode = stats.spec_decode
+            self.stats[engine] = stats
+
+    # Totals over the engines, for the engine's users (tests, the notebook).
+
+    @property
+    def requests_running(self) -> int:
+        return self._total(lambda stats: len(stats.running_requests))
+
+    @property
+    def requests_waiting(self) -> int:
+        return self._total(lambda stats: len(stats.waiting_requests))
+
+    @property
+    def blocks_used(self) -> int:
+        return self._total(lambda stats: stats.num_total_blocks - stats.num_free_blocks)
+
+    @property
+    def blocks_free(self) -> int:
+        return self._total(lambda stats: stats.num_free_blocks)
+
+    def _total(self, value_of) -> int:
+        with self._lock:
+            return sum(value_of(stats) for stats in self.stats.values())
 
     def record_first_output(self, seconds: float) -> None:
         """A request's first token came `seconds` after it arrived."""
@@ -75,34 +90,72 @@ class EngineMetrics:
     def render(self) -> str:
         """All metrics in Prometheus' text exposition format."""
         with self._lock:
-            queries, hits = self.prefix_cache_queries, self.prefix_cache_hits
-            metrics = [
-                ("num_requests_running", "gauge", "Requests with sequences running.", self.requests_running),
-                ("num_requests_waiting", "gauge", "Requests waiting to be admitted.", self.requests_waiting),
-                ("kv_blocks_used", "gauge", "KV cache blocks held by sequences.", self.blocks_used),
-                ("kv_blocks_free", "gauge", "KV cache blocks free (cached ones included).", self.blocks_free),
-                ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", queries),
-                ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", hits),
-                ("prefix_cache_hit_rate", "gauge", "Prefix cache hits / queries.", hits / queries if queries else 0.0),
-                ("time_to_first_token_seconds", "histogram", "Arrival to first token.", self.time_to_first_token),
-                ("inter_token_latency_seconds", "histogram", "Between successive tokens.", self.inter_token_latency),
-            ]
-            if (spec := self.spec_decode) is not None:  # vLLM's counters, and what they give
-                metrics += [
-                    ("spec_decode_num_drafts_total", "counter", "Verify steps with proposed tokens.", spec.num_drafts),
-                    ("spec_decode_num_draft_tokens_total", "counter", "Proposed tokens.", spec.num_draft_tokens),
-                    ("spec_decode_num_accepted_tokens_total", "counter", "Accepted tokens.", spec.num_accepted_tokens),
-                    ("spec_decode_acceptance_rate", "gauge", "Accepted / proposed tokens.", spec.acceptance_rate),
-                    (
-                        "spec_decode_mean_acceptance_length",
-                        "gauge",
-                        "Tokens per verify step (1 + accepted / drafts).",
-                        spec.mean_acceptance_length,
-                    ),
-                ]
             lines = []
-            for short_name, kind, help_text, value in metrics:
+            for short_name, kind, help_text, value_of in ENGINE_METRICS:
                 name = f"rosellm:{short_name}"
-                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-                lines += value.samples(name) if isinstance(value, Histogram) else [f"{name} {value}"]
+                values = [(engine, value_of(stats)) for engine, stats in sorted(self.stats.items(), key=by_engine)]
+                values = [(engine, value) for engine, value in values if value is not None]
+                if values:
+                    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+                    lines += [f"{name}{label(engine)} {value}" for engine, value in values]
+            for short_name, help_text, histogram in (
+                ("time_to_first_token_seconds", "Arrival to first token.", self.time_to_first_token),
+                ("inter_token_latency_seconds", "Between successive tokens.", self.inter_token_latency),
+            ):
+                name = f"rosellm:{short_name}"
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram", *histogram.samples(name)]
         return "\n".join(lines) + "\n"
+
+
+def by_engine(item: tuple[int | None, EngineStats]) -> int:
+    return -1 if item[0] is None else item[0]
+
+
+def label(engine: int | None) -> str:
+    return "" if engine is None else f'{{engine="{engine}"}}'
+
+
+def hit_rate(stats: EngineStats) -> float:
+    return stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else 0.0
+
+
+def spec(value_of):
+    """A speculative-decoding metric: None (not reported) without speculation."""
+    return lambda stats: None if stats.spec_decode is None else value_of(stats.spec_decode)
+
+
+# (name, type, help, its value from an engine's stats; None: not reported), names as vLLM's
+ENGINE_METRICS = [
+    ("num_requests_running", "gauge", "Requests with sequences running.", lambda s: len(s.running_requests)),
+    ("num_requests_waiting", "gauge", "Requests waiting to be admitted.", lambda s: len(s.waiting_requests)),
+    (
+        "kv_blocks_used",
+        "gauge",
+        "KV cache blocks held by sequences.",
+        lambda s: s.num_total_blocks - s.num_free_blocks,
+    ),
+    ("kv_blocks_free", "gauge", "KV cache blocks free (cached ones included).", lambda s: s.num_free_blocks),
+    (
+        "prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        lambda s: s.prefix_cache_queries,
+    ),
+    ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", lambda s: s.prefix_cache_hits),
+    ("prefix_cache_hit_rate", "gauge", "Prefix cache hits / queries.", hit_rate),
+    ("spec_decode_num_drafts_total", "counter", "Verify steps with proposed tokens.", spec(lambda d: d.num_drafts)),
+    ("spec_decode_num_draft_tokens_total", "counter", "Proposed tokens.", spec(lambda d: d.num_draft_tokens)),
+    (
+        "spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Accepted tokens.",
+        spec(lambda d: d.num_accepted_tokens),
+    ),
+    ("spec_decode_acceptance_rate", "gauge", "Accepted / proposed tokens.", spec(lambda d: d.acceptance_rate)),
+    (
+        "spec_decode_mean_acceptance_length",
+        "gauge",
+        "Tokens per verify step (1 + accepted / drafts).",
+        spec(lambda d: d.mean_acceptance_length),
+    ),
+]

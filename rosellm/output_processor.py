@@ -19,7 +19,7 @@ class Sample:
     structured outputs) and the text released so far."""
 
     seq: Sequence | None  # None until the prompt is computed and the request forks (sample 0 has it at once)
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None  # None: the caller turns tokens into text (no text here)
     generator: torch.Generator | None
     stop_matcher: StopStringMatcher
     grammar: GrammarState | None = None
@@ -44,14 +44,15 @@ class RequestState:
         generators: list,
         speculative: bool = False,
         grammar: xgrammar.CompiledGrammar | None = None,
+        detokenize: bool = True,
     ) -> "RequestState":
-        """A new request's record: its one sequence, and per sample (`generators` has one each) a detokenizer,
-        a random stream, a stop-string matcher and, given a compiled `grammar`, its own state in it; counts of
-        its drafts if `speculative`."""
+        """A new request's record: its one sequence, and per sample (`generators` has one each) a detokenizer
+        and a stop-string matcher (unless `detokenize` is False: tokens only), a random stream and, given a
+        compiled `grammar`, its own state in it; counts of its drafts if `speculative`."""
         samples = [
             Sample(
                 seq if index == 0 else None,
-                IncrementalDetokenizer(tokenizer),
+                IncrementalDetokenizer(tokenizer) if detokenize else None,
                 generator,
                 StopStringMatcher(seq.params.stop),
                 None if grammar is None else GrammarState(grammar),
@@ -75,6 +76,9 @@ class RequestState:
         sample = self.samples[index]
         if sample.grammar is not None:
             sample.grammar.accept(token)
+        if sample.detokenizer is None:
+            sample.finish_reason = finish_reason
+            return finish_reason
         piece = sample.detokenizer.add(token)
         if finish_reason is not None:
             piece += sample.detokenizer.flush()

@@ -1,12 +1,17 @@
 """Chapter 10's fixtures: the OpenAI server on a tiny model, in this process (uvicorn in a thread, on a free
 localhost port), and the offline `LLM` on the same model, to compare with.
 
-Both are built once per test module and checkpoint: a module's tests share them, and leave them as they found
+From chapter 16 on, the `server` tests run on both engines a server can have: "in_process" (chapter 10's
+`AsyncLLMEngine`, the engine driven by a thread of this process) and "split" (`AsyncLLM`, the engine in an
+engine-core process). `in_process_server` is the first alone, for tests that reach into the engine.
+
+Both are built once per test session and checkpoint: the tests share them, and leave them as they found
 them (every request finished or aborted).
 """
 
 import asyncio
 import importlib
+import re
 import threading
 import time
 
@@ -22,13 +27,43 @@ def module_of(checkpoint, name: str):
     return importlib.import_module(f"{checkpoint.__name__}.{name}")
 
 
-class RunningServer:
-    """A checkpoint's app served by uvicorn in a thread, on 127.0.0.1 and a port the system picked."""
+FRONTENDS = ("in_process", "split")
 
-    def __init__(self, checkpoint, model_dir):
+
+def pytest_generate_tests(metafunc):
+    if "server" in metafunc.fixturenames:
+        metafunc.parametrize("frontend", FRONTENDS)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The split server exists from chapter 16 (`engine_core`): its tests on earlier checkpoints go."""
+    absent = [
+        item
+        for item in items
+        if getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("frontend") == "split"
+        and "engine_core" not in item.callspec.params["checkpoint"].capabilities
+    ]
+    if absent:
+        config.hook.pytest_deselected(items=absent)
+        items[:] = [item for item in items if item not in absent]
+
+
+class RunningServer:
+    """A checkpoint's app served by uvicorn in a thread, on 127.0.0.1 and a port the system picked, over an
+    engine in this process (`frontend` "in_process": `engine` is the `LLMEngine`) or in an engine-core
+    process ("split": `engine` is None)."""
+
+    def __init__(self, checkpoint, model_dir, frontend: str = "in_process"):
         api_server = module_of(checkpoint, "api_server")
-        self.engine = checkpoint.LLMEngine(str(model_dir))
-        self.async_engine = module_of(checkpoint, "async_engine").AsyncLLMEngine(self.engine)
+        if frontend == "split":
+            self.engine = None
+            self.async_engine = module_of(checkpoint, "async_llm").AsyncLLM(str(model_dir))
+            self.num_total_blocks = self.async_engine.client.ready[0].num_total_blocks
+        else:
+            self.engine = checkpoint.LLMEngine(str(model_dir))
+            self.async_engine = module_of(checkpoint, "async_engine").AsyncLLMEngine(self.engine)
+            self.num_total_blocks = self.engine.block_manager.num_total_blocks
         sock = api_server.listening_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         app = api_server.build_app(self.async_engine, MODEL_NAME)
@@ -43,10 +78,15 @@ class RunningServer:
         self.thread.join(timeout=10)
 
     def metrics(self) -> dict[str, float]:
-        """/metrics as {sample: value}, e.g. {"rosellm:kv_blocks_used": 0.0, ...}."""
+        """/metrics as {sample: value}, e.g. {"rosellm:kv_blocks_used": 0.0, ...}; the samples of engine
+        cores (labelled `engine="N"`) are added up under the name without the label."""
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
         samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-        return {name: float(value) for name, value in samples}
+        totals: dict[str, float] = {}
+        for name, value in samples:
+            name = re.sub(r'\{engine="\d+"\}$', "", name)
+            totals[name] = totals.get(name, 0.0) + float(value)
+        return totals
 
     def wait_idle(self, timeout: float = 10.0) -> dict[str, float]:
         """/metrics once no request runs or waits and no KV block is used (aborts apply between steps)."""
@@ -95,9 +135,9 @@ def spanning_stop(text: str, lengths: list[int]) -> tuple[str, int]:
     raise AssertionError(f"no stop string to pick in {text!r}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def started():
-    """What this module started, by checkpoint: servers and offline LLMs; servers stop at the module's end."""
+    """What the session started, by checkpoint: servers and offline LLMs; servers stop at the session's end."""
     started = {}
     yield started
     for thing in started.values():
@@ -106,8 +146,16 @@ def started():
 
 
 @pytest.fixture
-def server(checkpoint, started, tiny_model_dirs) -> RunningServer:
-    key = ("server", checkpoint.__name__)
+def server(checkpoint, frontend, started, tiny_model_dirs) -> RunningServer:
+    key = ("server", checkpoint.__name__, frontend)
+    if key not in started:
+        started[key] = RunningServer(checkpoint, tiny_model_dirs["gqa"], frontend)
+    return started[key]
+
+
+@pytest.fixture
+def in_process_server(checkpoint, started, tiny_model_dirs) -> RunningServer:
+    key = ("server", checkpoint.__name__, "in_process")
     if key not in started:
         started[key] = RunningServer(checkpoint, tiny_model_dirs["gqa"])
     return started[key]

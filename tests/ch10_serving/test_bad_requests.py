@@ -61,10 +61,11 @@ def test_the_openai_client_raises_its_own_errors(server):
         assert info.value.code == "model_not_found"
 
 
-def test_an_internal_failure_is_a_generic_500(checkpoint, server, monkeypatch):
+def test_an_internal_failure_is_a_generic_500(checkpoint, in_process_server, monkeypatch):
     def broken(body):
         raise RuntimeError("secret internals at /home/someone")
 
+    server = in_process_server
     monkeypatch.setattr(module_of(checkpoint, "api_server"), "parse_completion_request", broken)
     reply = post(server, "/v1/completions", GOOD)
     assert reply.status_code == 500
@@ -82,7 +83,7 @@ def test_health_and_metrics(server):
     for name in ("num_requests_running", "kv_blocks_free", "prefix_cache_hit_rate", "time_to_first_token_seconds"):
         assert f"# TYPE rosellm:{name} " in reply.text
     metrics = server.wait_idle()
-    assert metrics["rosellm:kv_blocks_free"] == server.engine.block_manager.num_total_blocks
+    assert metrics["rosellm:kv_blocks_free"] == server.num_total_blocks
     assert metrics['rosellm:inter_token_latency_seconds_bucket{le="+Inf"}'] > 0
 
 
