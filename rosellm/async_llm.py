@@ -30,7 +30,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from .async_engine import EngineStoppedError, RequestStream, StepFailedError, deliver, settle
-from .core_client import CoreClient, EngineDeadError
+from .core_client import CoreClient
 from .core_protocol import AbortRequests, AddRequest, RequestAccepted, RequestTokens, StepOutputs
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
@@ -41,6 +41,10 @@ from .outputs import CompletionOutput, RequestOutput, SpecDecodeStats
 from .replica_router import ReplicaRouter
 from .sampling import SamplingParams
 from .stop_strings import StopStringMatcher
+
+
+class EngineDeadError(EngineStoppedError):
+    """An engine core process ended without being asked to: the engine stopped with it."""
 
 
 @dataclasses.dataclass

@@ -37,10 +37,6 @@ STOP_TIMEOUT_S = 5.0
 ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError}
 
 
-class EngineDeadError(RuntimeError):
-    """An engine core process ended without being asked to."""
-
-
 class CoreClient:
     """`num_cores` engine-core processes on one model; `ready[i]` is core i's `CoreReady`. Raises what the
     first core that fails to build its engine raised (a ValueError for a bad option)."""
@@ -140,6 +136,7 @@ class CoreClient:
         [ended] = multiprocessing.connection.wait(list(sentinels))[:1]
         if not self.stopping.is_set():
             core = sentinels[ended]
+            self.processes[core].join(timeout=1)  # reaped, so that its exit code is known
             self.on_death(core, self.processes[core].exitcode)
 
 

@@ -54,12 +54,12 @@ class RunningServer:
     engine in this process (`frontend` "in_process": `engine` is the `LLMEngine`) or in an engine-core
     process ("split": `engine` is None)."""
 
-    def __init__(self, checkpoint, model_dir, frontend: str = "in_process"):
+    def __init__(self, checkpoint, model_dir, frontend: str = "in_process", **split_options):
         api_server = module_of(checkpoint, "api_server")
-        if frontend == "split":
+        if frontend == "split":  # `split_options`: AsyncLLM's (data_parallel_size, engine options)
             self.engine = None
-            self.async_engine = module_of(checkpoint, "async_llm").AsyncLLM(str(model_dir))
-            self.num_total_blocks = self.async_engine.client.ready[0].num_total_blocks
+            self.async_engine = module_of(checkpoint, "async_llm").AsyncLLM(str(model_dir), **split_options)
+            self.num_total_blocks = sum(ready.num_total_blocks for ready in self.async_engine.client.ready)
         else:
             self.engine = checkpoint.LLMEngine(str(model_dir))
             self.async_engine = module_of(checkpoint, "async_engine").AsyncLLMEngine(self.engine)
