@@ -78,15 +78,8 @@ class RunningServer:
         self.thread.join(timeout=10)
 
     def metrics(self) -> dict[str, float]:
-        """/metrics as {sample: value}, e.g. {"rosellm:kv_blocks_used": 0.0, ...}; the samples of engine
-        cores (labelled `engine="N"`) are added up under the name without the label."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-        totals: dict[str, float] = {}
-        for name, value in samples:
-            name = re.sub(r'\{engine="\d+"\}$', "", name)
-            totals[name] = totals.get(name, 0.0) + float(value)
-        return totals
+        """/metrics as {sample: value}, e.g. {"rosellm:kv_blocks_used": 0.0, ...} (`parse_metrics`)."""
+        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10).text)
 
     def wait_idle(self, timeout: float = 10.0) -> dict[str, float]:
         """/metrics once no request runs or waits and no KV block is used (aborts apply between steps)."""
@@ -99,6 +92,17 @@ class RunningServer:
 
         wait_until(idle, timeout)
         return seen
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as {sample: value}; the samples of engine cores (labelled `engine="N"`) are added up
+    under the name without the label."""
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    totals: dict[str, float] = {}
+    for name, value in samples:
+        name = re.sub(r'\{engine="\d+"\}$', "", name)
+        totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
 
 
 def wait_until(condition, timeout: float = 10.0, interval: float = 0.01) -> None:

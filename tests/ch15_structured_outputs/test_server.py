@@ -16,6 +16,8 @@ import jsonschema
 import openai
 import pytest
 
+from tests.ch10_serving.conftest import parse_metrics
+
 pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,9 +106,7 @@ def ask(client, endpoint: str, question: str, stream: bool, **options) -> tuple[
 
 def metrics(client) -> dict[str, float]:
     """The server's /metrics as {sample: value}."""
-    text = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics", timeout=30).text
-    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    return {name: float(value) for name, value in samples}
+    return parse_metrics(httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics", timeout=30).text)
 
 
 def test_json_schemas_batched_every_answer_validates(client):
