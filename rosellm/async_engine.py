@@ -234,6 +234,7 @@ class AsyncLLMEngine:
             self._end(operation.request_id)
 
     def _step(self) -> None:
+        start = time.perf_counter()
         try:
             outputs = self.engine.step()
         except Exception:
@@ -245,6 +246,7 @@ class AsyncLLMEngine:
                 self._fail(error)
                 return
         now = time.perf_counter()
+        self.metrics.record_step(now - start)
         for output in outputs:
             stream = self._streams[output.request_id]
             if stream.last_output_time is None:

@@ -227,6 +227,8 @@ class AsyncLLM:
         for request_id, error in message.failed.items():
             self._end(request_id, error=StepFailedError(error))  # the core aborted it
         self.metrics.record_stats(message.stats, engine=message.core)
+        if message.step_seconds is not None:
+            self.metrics.record_step(message.step_seconds)
 
     def _on_death(self, core: int, exitcode: int | None) -> None:
         self._stop(EngineDeadError(f"engine core {core} died (exit code {exitcode}); the engine stopped"))

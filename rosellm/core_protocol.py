@@ -99,6 +99,7 @@ class StepOutputs:
     outputs: list[RequestTokens]
     failed: dict[str, str]
     stats: EngineStats
+    step_seconds: float | None = None  # how long the step took in the core; None: no step ran
 
 
 def encode(message) -> bytes:

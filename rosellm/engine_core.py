@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -122,6 +123,7 @@ class EngineCore:
 
     def _step(self) -> None:
         failed: dict[str, str] = {}
+        start = time.perf_counter()
         try:
             outputs = self.engine.step()
         except Exception:
@@ -131,8 +133,9 @@ class EngineCore:
             except Exception as error:
                 logger.exception("the step failed again; aborting the requests it scheduled")
                 outputs, failed = [], self._fail(error)
+        seconds = time.perf_counter() - start
         tokens = [self._new_tokens(output) for output in outputs]
-        self._send(StepOutputs(self.core, tokens, failed, self.engine.stats()))
+        self._send(StepOutputs(self.core, tokens, failed, self.engine.stats(), seconds))
 
     def _fail(self, error: Exception) -> dict[str, str]:
         """Abort the requests of a step that failed twice: those the engine names, or every one if the step

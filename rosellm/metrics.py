@@ -1,8 +1,9 @@
 """What the server's `/metrics` reports, in Prometheus' text format (names as vLLM's, prefixed `rosellm:`).
 
 The engine's load (requests running and waiting), its KV pool (blocks used and free), its prefix cache (prompt
-tokens looked up and found), speculative decoding's drafts (proposed and accepted), and what clients feel:
-time to first token and inter-token latency, as histograms.
+tokens looked up and found), speculative decoding's drafts (proposed and accepted), what clients feel (time to
+first token and inter-token latency, as histograms), and the engine's own step time where it ran (in a thread
+of the server's process, or in an engine core): the gap between the two is what the process around it costs.
 The engine thread records, the server renders: every access holds one lock. With several engine cores
 (data parallelism, async_llm.py), each core's load is reported apart, labelled `engine="N"` as vLLM labels it;
 the latency histograms are the front end's, over all of them.
@@ -48,6 +49,7 @@ class EngineMetrics:
         self.stats: dict[int | None, EngineStats] = {}  # per engine core; None: the one engine, unlabelled
         self.time_to_first_token = Histogram()
         self.inter_token_latency = Histogram()
+        self.step_duration = Histogram()  # the engine's steps, as long as they took where they ran
 
     def record_stats(self, stats: EngineStats, engine: int | None = None) -> None:
         """Between steps: how many requests run and wait, how the KV pool and the prefix cache are used (of
@@ -82,6 +84,11 @@ class EngineMetrics:
         with self._lock:
             self.time_to_first_token.observe(seconds)
 
+    def record_step(self, seconds: float) -> None:
+        """One engine step (schedule, forward, sample, commit) took `seconds`, wall clock."""
+        with self._lock:
+            self.step_duration.observe(seconds)
+
     def record_next_output(self, seconds: float) -> None:
         """A request's next token(s) came `seconds` after its previous ones."""
         with self._lock:
@@ -101,6 +108,7 @@ class EngineMetrics:
             for short_name, help_text, histogram in (
                 ("time_to_first_token_seconds", "Arrival to first token.", self.time_to_first_token),
                 ("inter_token_latency_seconds", "Between successive tokens.", self.inter_token_latency),
+                ("engine_step_seconds", "One engine step, wall clock, where it ran.", self.step_duration),
             ):
                 name = f"rosellm:{short_name}"
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram", *histogram.samples(name)]

@@ -162,3 +162,18 @@ def test_a_bad_option_fails_before_any_process_starts(checkpoint, tiny_model_dir
         checkpoint.AsyncLLM(str(tiny_model_dirs["gqa"]), data_parallel_size=0)
     with pytest.raises(ValueError, match="max_model_len must be in"):  # raised in the core, raised again here
         checkpoint.AsyncLLM(str(tiny_model_dirs["gqa"]), max_model_len=10**6, enforce_eager=True)
+
+
+def test_both_engines_time_their_steps_where_they_run(checkpoint, tiny_model_dirs, dp_server):
+    """The step-duration histogram: the split engine's steps are timed in the cores; chapter 10's in its thread."""
+    in_process = module_of(checkpoint, "async_engine").AsyncLLMEngine(
+        checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), enforce_eager=True)
+    )
+    try:
+        for engine in (in_process, dp_server.async_engine):
+            steps = engine.metrics.step_duration
+            before = sum(steps.counts)
+            asyncio.run(last(engine.generate("hi", checkpoint.SamplingParams(max_tokens=5, ignore_eos=True))))
+            wait_until(lambda steps=steps, before=before: sum(steps.counts) >= before + 5)
+    finally:
+        in_process.shutdown()

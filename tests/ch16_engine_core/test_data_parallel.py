@@ -8,6 +8,7 @@ import random
 import httpx
 import pytest
 
+from tests.ch10_serving.conftest import parse_metrics
 from tests.ch10_serving.test_load import request_body, stream_completion, watch_health
 
 pytestmark = pytest.mark.requires("engine_core")
@@ -67,3 +68,4 @@ def test_metrics_report_each_core(dp_server):
         assert f'rosellm:kv_blocks_free{{engine="{core}"}} ' in text
         assert f'rosellm:num_requests_running{{engine="{core}"}} ' in text
     assert "rosellm:time_to_first_token_seconds_count " in text  # the front end's, over both
+    assert parse_metrics(text)["rosellm:engine_step_seconds_count"] > 0  # the cores' steps, timed in the cores
