@@ -56,9 +56,11 @@ class Answer:
     token_ids: list[int] = dataclasses.field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    ended_in_core: bool = False  # the core finished it too (a stop string ends it here first)
 
     def add(self, new_token_ids: list[int], finish_reason: str | None) -> None:
-        """The tokens a step gave this answer, and why it ended there if it did (`finish_reason`)."""
+        """The tokens a step gave this answer, and why the core ended it there if it did (`finish_reason`)."""
+        self.ended_in_core = finish_reason is not None
         for position, token in enumerate(new_token_ids):
             if self.finish_reason is not None:
                 return  # past a stop string: the core's extra tokens are dropped
@@ -84,6 +86,10 @@ class FrontendRequest:
     answers: dict[int, Answer] = dataclasses.field(default_factory=dict)
     num_cached_tokens: int = 0
     spec_decode: SpecDecodeStats | None = None
+
+    @property
+    def ended_in_core(self) -> bool:
+        return len(self.answers) == self.params.n and all(answer.ended_in_core for answer in self.answers.values())
 
     def update(self, tokens: RequestTokens, tokenizer) -> RequestOutput:
         """Take what a step gave the request; returns its new snapshot."""
@@ -220,8 +226,7 @@ class AsyncLLM:
                 self.metrics.record_next_output(now - stream.last_output_time)
             stream.last_output_time = now
             if output.finished:  # by the core, or here by a stop string (then the core must stop it too)
-                ended_in_core = all(sample.finish_reason is not None for sample in tokens.samples)
-                self._end(tokens.request_id, abort=not ended_in_core, error=None, deliver_end=False)
+                self._end(tokens.request_id, abort=not request.ended_in_core, deliver_end=False)
             if not deliver(stream.loop, stream.put, output):  # its event loop is gone: nobody listens
                 self._end(tokens.request_id, abort=True)
         for request_id, error in message.failed.items():

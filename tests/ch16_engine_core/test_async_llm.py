@@ -177,3 +177,20 @@ def test_both_engines_time_their_steps_where_they_run(checkpoint, tiny_model_dir
             wait_until(lambda steps=steps, before=before: sum(steps.counts) >= before + 5)
     finally:
         in_process.shutdown()
+
+
+def test_a_stop_string_found_here_stops_the_request_in_its_core(checkpoint, dp_server):
+    """The front end finds the stop string a step or so after the core sampled its last token, keeps the tokens
+    up to it, and aborts the request in the core: the core runs no more than a couple of extra steps."""
+    engine = dp_server.async_engine
+    params = dict(temperature=0, max_tokens=30, ignore_eos=True)
+    free = asyncio.run(last(engine.generate("The quick brown fox", checkpoint.SamplingParams(**params))))
+    wait_until(lambda: idle(engine))
+    stop = free.text[6:9]
+    steps, before = engine.metrics.step_duration, sum(engine.metrics.step_duration.counts)
+    long = checkpoint.SamplingParams(**params | {"max_tokens": 240, "stop": [stop]})
+    stopped = asyncio.run(last(engine.generate("The quick brown fox", long)))
+    assert stopped.finish_reason == "stop" and stopped.text == free.text[: free.text.index(stop)]
+    assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
+    wait_until(lambda: idle(engine))
+    assert sum(steps.counts) - before <= len(stopped.token_ids) + 3
