@@ -47,8 +47,9 @@ class RequestState:
         detokenize: bool = True,
     ) -> "RequestState":
         """A new request's record: its one sequence, and per sample (`generators` has one each) a detokenizer
-        and a stop-string matcher (unless `detokenize` is False: tokens only), a random stream and, given a
-        compiled `grammar`, its own state in it; counts of its drafts if `speculative`."""
+        (none if `detokenize` is False: tokens only, no text and no stop strings), a random stream, a
+        stop-string matcher and, given a compiled `grammar`, its own state in it; counts of its drafts if
+        `speculative`."""
         samples = [
             Sample(
                 seq if index == 0 else None,
