@@ -123,6 +123,15 @@ SUMMARIES = {
         ),
         "answer in valid JSON for a schema, or to a regex or a list of choices, every time",
     ),
+    "ch16_engine_core": (
+        (
+            "why a server and an engine sharing one interpreter lock slow each other; the engine core in a process "
+            "of its own (schedule, forward, sample) behind a front end (tokenize, detokenize, stop strings, "
+            "stream); messages over ZeroMQ; aborts, a dead core, no orphan; data-parallel replicas and a "
+            "prefix-aware router"
+        ),
+        "serve with the engine in processes of its own, one or several replicas",
+    ),
 }
 HEADING = re.compile(r"^#\s+(?:\d+\s*·\s*)?(.+?)\s*$", re.MULTILINE)
 
