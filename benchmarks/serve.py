@@ -532,7 +532,7 @@ COLOURS |= {"rosellm-split": "tab:green", "rosellm-dp2": "tab:purple"}
 def plot_decode_gaps(result: dict, path) -> None:
     """ITL p50 and p99 and TPOT p50 against the arrival rate, a colour a server; the offline decode step and
     the TPOT target as grey lines."""
-    fig, axes = harness.figure_axes(1, 2, (11, 4.5))
+    fig, axes = harness.figure_axes(1, 2, (11, 6))
     (itl_ax, tpot_ax), s = axes[0], result["settings"]
     labels = {server["server"]: server["label"] for server in result["servers"]}
     for name in dict.fromkeys(r["server"] for r in result["runs"]):
@@ -552,7 +552,7 @@ def plot_decode_gaps(result: dict, path) -> None:
     itl_ax.set_title("inter-token latency p50 (solid) and p99 (dotted)")
     tpot_ax.set_title("time per output token, p50")
     for ax in (itl_ax, tpot_ax):
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2 if ax is itl_ax else 1)
         plain_log_labels(ax)
     harness.save_figure(fig, path, result, f"{s['requests']} requests a rate; ")
 
