@@ -59,7 +59,6 @@ from . import harness, peers
 NAME = "serve"
 HELP = "chapter 10's OpenAI server under Poisson arrivals: TTFT, TPOT, ITL, goodput (and --peers vllm)"
 CHAPTER = 10
-SPLIT_CHAPTER = 16  # the engine core in a process of its own: the forms of `--rosellm` besides ch10
 
 # --rosellm form: (server name, what it is, the latest package's `serve` options); ch10 runs chapter 10's checkpoint
 FORMS = {

@@ -79,7 +79,7 @@ def test_serve_quick_runs_chapter_16_forms_and_leaves_no_core(tiny_model_dirs, t
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(json_path.read_text())
     assert figure.stat().st_size > 0 and result["correct"] is True
-    assert "offline step" in done.stdout and "TPOT p50 / offline step" in done.stdout
+    assert "offline decode step, batch 1" in done.stdout and "TPOT p50 / offline step" in done.stdout
 
     s, names = result["settings"], ["rosellm-in-process", "rosellm-split", "rosellm-dp2"]
     assert s["rosellm"] == ["in-process", "split", "dp2"]
