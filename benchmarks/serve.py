@@ -25,7 +25,17 @@ With `--peers vllm`, vLLM's OpenAI server (its CPU build, in its own virtual env
 folder of the same weights, with the batching limits rosellm's server runs under) gets the same schedule from
 the same client. Each server is stopped (its whole process group) before the next starts, whatever happens.
 
-    python -m benchmarks serve [--peers vllm] [--quick]
+`--rosellm` picks which of rosellm's servers run, each a server of its own in the result: `ch10` (the default:
+chapter 10's checkpoint), and the latest package's three arrangements of chapter 16, `in-process` (the engine
+in a thread of the server's process, as in chapter 10), `split` (the default server: a front end and an
+engine-core process) and `dp2` (two engine cores, which share the threads between them). Every server gets the
+same threads, schedule and client. With any of the latest forms, the latest `LLMEngine` first runs one request
+offline in a process of its own (a prompt of the middle length, the longest `max_tokens`, greedy, after a
+warm-up request): its time per output token after the first is the decode step a server's TPOT is set
+against (`offline_step_ms`; each row's `tpot_over_offline_step`). Without `--json` and `--figure`, such a run
+writes results/serve_ch16.json and figures/ch16_serve.png, whose figure is the inter-token latency per server.
+
+    python -m benchmarks serve [--rosellm ch10,in-process,split,dp2] [--peers vllm] [--rates 0.5,1,2] [--quick]
 """
 
 import asyncio
@@ -50,6 +60,14 @@ NAME = "serve"
 HELP = "chapter 10's OpenAI server under Poisson arrivals: TTFT, TPOT, ITL, goodput (and --peers vllm)"
 CHAPTER = 10
 
+# --rosellm form: (server name, what it is, the latest package's `serve` options); ch10 runs chapter 10's checkpoint
+FORMS = {
+    "ch10": ("rosellm", "", []),
+    "in-process": ("rosellm-in-process", "in-process: the engine in the server's process", ["--in-process"]),
+    "split": ("rosellm-split", "split: front end + 1 engine core", []),
+    "dp2": ("rosellm-dp2", "dp2: front end + 2 engine cores", ["--data-parallel-size", "2"]),
+}
+
 FULL = {"rates": [0.25, 0.5, 1.0, 2.0], "requests": 32, "prompt_len": [32, 256], "max_tokens": [16, 64], "seed": 0}
 FULL |= {"ttft_slo_s": 2.0, "tpot_slo_s": 0.2, "max_num_seqs": 32, "warmup": 2}
 QUICK = {"rates": [4.0, 16.0], "requests": 6, "prompt_len": [8, 24], "max_tokens": [3, 8], "warmup": 1}
@@ -70,20 +88,38 @@ NOTES = [
 COLUMNS = {"server": "server", "rate": "req/s in", "done": "done", "ttft_p50": "TTFT p50 s", "ttft_p90": "p90"}
 COLUMNS |= {"ttft_p99": "p99", "tpot_p50": "TPOT p50 ms", "tpot_p90": "p90", "itl_p99": "ITL p99 ms"}
 COLUMNS |= {"request_throughput": "req/s out", "output_tokens_per_s": "tok/s", "goodput_pct": "goodput %"}
+STEP_COLUMNS = {"tpot_over_offline_step": "TPOT p50 / offline step"}
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--peers", default="", help="also serve with these peers: vllm")
+    parser.add_argument(
+        "--rosellm",
+        default="ch10",
+        help="rosellm's servers, comma-separated: ch10 (chapter 10's checkpoint), in-process, split, dp2 (the "
+        "latest package's server: engine in its process, one engine core, two engine cores)",
+    )
 
 
 def run(args, s: dict) -> dict:
     chosen = peers.named(args.peers)
     if any(peer.name != "vllm" for peer in chosen):
         raise SystemExit("serve: of the peers, only vllm's OpenAI server is measured")
+    forms = rosellm_forms(args.rosellm)
     for peer in chosen:
         peers.install(peer)
-    wrong = "rosellm's server did not complete every request (see 'servers' and 'runs')"
-    return harness.save(args, NAME, lambda: measure(args, s, chosen), "serve", plot, "ch10_serve", report, wrong)
+    wrong = "a rosellm server did not complete every request (see 'servers' and 'runs')"
+    name, figure = ("serve", "ch10_serve") if forms == ["ch10"] else ("serve_ch16", "ch16_serve")
+    measuring = lambda: measure(args, s, forms, chosen)  # noqa: E731
+    return harness.save(args, NAME, measuring, name, plot, figure, report, wrong)
+
+
+def rosellm_forms(text: str) -> list[str]:
+    forms = list(dict.fromkeys(form for form in text.split(",") if form))
+    unknown = [form for form in forms if form not in FORMS]
+    if unknown or not forms:
+        raise SystemExit(f"serve: --rosellm {text}: the forms are {', '.join(FORMS)}")
+    return forms
 
 
 # --- the workload: requests and their arrival times --------------------------------------------------------
@@ -182,18 +218,49 @@ def signal_group(group: int, sig: int) -> None:
         pass  # nobody left in the group
 
 
-def rosellm_server(args, s: dict, longest: int, log_dir: Path) -> tuple[Server, dict]:
-    """This chapter's server (its checkpoint's own command line), whatever chapter is the latest."""
-    port, point = free_port(), chapters.checkpoint(CHAPTER)
-    argv = [sys.executable, "-m", point.module, "serve", "--host", "127.0.0.1", "--port", str(port)]
+def rosellm_environment(args) -> dict:
+    """The repository first on the import path; with --threads, OMP_NUM_THREADS (torch's default follows it)."""
+    env = harness.python_environment()
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    return env
+
+
+def rosellm_server(args, s: dict, form: str, longest: int, log_dir: Path) -> tuple[Server, dict]:
+    """One of rosellm's servers: ch10 is chapter 10's checkpoint (its own command line), whatever chapter is the
+    latest; the other forms are the latest package's server, arranged as `FORMS` says."""
+    name, what, options = FORMS[form]
+    port, point = free_port(), chapters.checkpoint(CHAPTER) if form == "ch10" else chapters.latest()
+    argv = [sys.executable, "-m", point.module, "serve", "--host", "127.0.0.1", "--port", str(port)] + options
     argv += ["--served-model-name", MODEL_NAME, "--max-num-seqs", str(s["max_num_seqs"])]
     argv += ["--max-model-len", str(longest + 1)] + (["--model", args.model] if args.model else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(harness.ROOT), os.environ.get("PYTHONPATH")])))
-    if args.threads:
-        env["OMP_NUM_THREADS"] = str(args.threads)  # torch's default thread count follows it
-    info = dict(label=harness.rosellm_label(point), version=f"chapter {point.number:02d}", argv=argv[1:])
+    env = rosellm_environment(args)
+    label = harness.rosellm_label(point) if form == "ch10" else f"rosellm (ch{point.number:02d}, {what})"
+    info = dict(label=label, form=form, version=f"chapter {point.number:02d}", argv=argv[1:])
     info |= {"environment": {"OMP_NUM_THREADS": env["OMP_NUM_THREADS"]} if args.threads else {}}
-    return Server("rosellm", argv, env, port, log_dir), info
+    return Server(name, argv, env, port, log_dir), info
+
+
+def offline_step(args, s: dict, vocab: int, longest: int) -> dict:
+    """The latest `LLMEngine`'s decode step at batch 1, offline, in a process of its own with the servers' threads
+    and options: one request (a prompt of the middle length, the longest `max_tokens`) after a warm-up one;
+    the time per output token after the first."""
+    prompt_len, tokens = sum(s["prompt_len"]) // 2, s["max_tokens"][1]
+    request = harness.random_requests(1, [prompt_len] * 2, [tokens] * 2, vocab, s["seed"] + 2)
+    warmup = harness.random_requests(1, [prompt_len] * 2, [tokens] * 2, vocab, s["seed"] + 3)
+    options = dict(max_num_seqs=s["max_num_seqs"], max_model_len=max(longest, prompt_len + tokens) + 1)
+    spec = dict(model=args.model, threads=args.threads, requests=request, warmup=warmup, engine_options=options)
+    argv = [sys.executable, "-m", "benchmarks.engines", "rosellm"]
+    label = f"{harness.rosellm_label(chapters.latest(), short=True)} offline, one request"
+    done = harness.run_process(argv, spec, label, rosellm_environment(args))
+    out = dict(prompt_len=prompt_len, max_tokens=tokens, engine_options=options)
+    if "error" in done:
+        return out | {"error": done["error"], "ms": None}
+    first, last = done["first_token_s"][0], done["last_token_s"][0]
+    ms = 1000 * (last - first) / (len(done["tokens"][0]) - 1)
+    return out | dict(
+        ms=round(ms, 3), load_s=done["load_s"], other_processes_cpu_share=done["other_processes_cpu_share"]
+    )
 
 
 def vllm_server(args, s: dict, peer, longest: int, log_dir: Path) -> tuple[Server, dict]:
@@ -324,36 +391,49 @@ def serve_schedule(server: Server, info: dict, work: list, warmup: list, s: dict
     return rows
 
 
-def measure(args, s: dict, chosen: list) -> dict:
+def measure(args, s: dict, forms: list[str], chosen: list) -> dict:
     vocab = harness.model_config(args.model).vocab_size
     work = schedules(s, vocab)
     warmup = harness.random_requests(s["warmup"], [8, 16], [4, 4], vocab, s["seed"] + 1)
     longest = max(len(p) + m for _, requests, _ in work for p, m in requests + warmup)
+    step = offline_step(args, s, vocab, longest) if forms != ["ch10"] else None
     servers, runs = [], []
     with tempfile.TemporaryDirectory(prefix="rosellm-serve-") as tmp:
         # each server is made (its port picked) only when the one before it has stopped
-        makers = [functools.partial(rosellm_server, args, s, longest, Path(tmp))]
+        makers = [functools.partial(rosellm_server, args, s, form, longest, Path(tmp)) for form in forms]
         makers += [functools.partial(vllm_server, args, s, peer, longest, Path(tmp)) for peer in chosen]
         for make in makers:
             servers.append(measure_server(*make(), work, warmup, s, runs))
-    ours = [r for r in runs if r["server"] == "rosellm"]
     agreement = same_texts(runs)
-    correct = len(ours) == len(work) and all(r["failed"] == 0 for r in ours)
-    named = dict(peers=[p.name for p in chosen], threads=args.threads, step_tokens=STEP_TOKENS, model_name=MODEL_NAME)
-    out = dict(settings=s | named, servers=servers, runs=runs, agreement=agreement, notes=NOTES)
-    return out | {"correct": correct}
+    ours = {FORMS[form][0] for form in forms}
+    correct = all(
+        [r["rate"] for r in runs if r["server"] == name] == s["rates"]
+        and all(r["failed"] == 0 for r in runs if r["server"] == name)
+        for name in ours
+    )
+    named = dict(rosellm=forms, peers=[p.name for p in chosen], threads=args.threads, step_tokens=STEP_TOKENS)
+    out = dict(settings=s | named | {"model_name": MODEL_NAME}, servers=servers, runs=runs)
+    if step is not None:
+        for r in runs:
+            r["tpot_over_offline_step"] = (
+                step["ms"] and r["tpot_s"]["p50"] and round(1000 * r["tpot_s"]["p50"] / step["ms"], 3)
+            )
+        out |= {"offline_step_ms": step["ms"], "offline_step": step}
+    return out | dict(agreement=agreement, notes=NOTES, correct=correct)
 
 
 def same_texts(runs: list[dict]) -> dict:
-    """Per peer and rate: how many requests got the very same greedy text from rosellm and from the peer (fp32
-    both, but not the same kernels: a near tie may tip either way). Takes the texts out of the rows."""
+    """Per server and rate: how many requests got the very same greedy text from the first server and from it
+    (a peer runs fp32 too, but not the same kernels: a near tie may tip either way; rosellm's forms run the same
+    engine, in batches made differently). Takes the texts out of the rows."""
     texts = {(r["server"], r["rate"]): r.pop("texts") for r in runs}
+    first = runs[0]["server"] if runs else None
     out = {}
     for (server, rate), theirs in texts.items():
-        ours = texts.get(("rosellm", rate))
-        if server != "rosellm" and ours is not None:
+        ours = texts.get((first, rate))
+        if server != first and ours is not None:
             same = sum(a is not None and a == b for a, b in zip(ours, theirs))
-            out.setdefault(f"rosellm vs {server}", []).append({"rate": rate, "identical": same, "requests": len(ours)})
+            out.setdefault(f"{first} vs {server}", []).append({"rate": rate, "identical": same, "requests": len(ours)})
     return out
 
 
@@ -365,7 +445,7 @@ def measure_server(server: Server, info: dict, work: list, warmup: list, s: dict
         # the server stops (and is reaped) before the load is sampled: its CPU time is then this process's own
         with harness.OtherLoad() as other, server:
             record |= dict(pid=server.process.pid, load_s=server.load_s)
-            if server.name != "rosellm":
+            if not server.name.startswith("rosellm"):
                 record["version"] = server_version(server)
             runs += serve_schedule(server, info, work, warmup, s)
     except ServerError as error:
@@ -396,14 +476,19 @@ def table_rows(result: dict) -> list[dict]:
         row |= {f"ttft_{q}": r["ttft_s"][q] for q in ("p50", "p90", "p99")}
         row |= {f"tpot_{q}": r["tpot_s"][q] and 1000 * r["tpot_s"][q] for q in ("p50", "p90")}
         row |= dict(itl_p99=r["itl_s"]["p99"] and 1000 * r["itl_s"]["p99"], goodput_pct=100 * r["goodput"])
-        rows.append(row | {key: r[key] for key in ("request_throughput", "output_tokens_per_s")})
+        row |= {key: r.get(key) for key in ("request_throughput", "output_tokens_per_s", "tpot_over_offline_step")}
+        rows.append(row)
     return rows
 
 
 def report(result: dict) -> None:
     s = result["settings"]
     print(f"\nserve: goodput targets TTFT <= {s['ttft_slo_s']} s and TPOT <= {s['tpot_slo_s']} s")
-    harness.print_table(table_rows(result), COLUMNS)
+    step = result.get("offline_step")
+    harness.print_table(table_rows(result), COLUMNS | (STEP_COLUMNS if step else {}))
+    if step:
+        ms = "failed: " + step["error"] if step.get("error") else f"{step['ms']:.1f} ms"
+        print(f"offline decode step, batch 1 ({step['prompt_len']}-token prompt, {step['max_tokens']} tokens): {ms}")
     for server in result["servers"]:
         if "error" in server:
             print(f"{server['server']}: {server['error']}")
@@ -432,9 +517,49 @@ def plain_log_labels(ax) -> None:
 
 
 def plot(result: dict, path) -> None:
+    """Chapter 10's figure (`plot_serving`), or with the chapter 16 forms `plot_decode_gaps`."""
+    if result["settings"].get("rosellm", ["ch10"]) == ["ch10"]:
+        plot_serving(result, path)
+    else:
+        plot_decode_gaps(result, path)
+
+
+COLOURS = {"rosellm": "tab:red", "vllm": "tab:blue", "rosellm-in-process": "tab:orange"}
+COLOURS |= {"rosellm-split": "tab:green", "rosellm-dp2": "tab:purple"}
+
+
+def plot_decode_gaps(result: dict, path) -> None:
+    """ITL p50 and p99 and TPOT p50 against the arrival rate, a colour a server; the offline decode step and
+    the TPOT target as grey lines."""
+    fig, axes = harness.figure_axes(1, 2, (11, 6))
+    (itl_ax, tpot_ax), s = axes[0], result["settings"]
+    labels = {server["server"]: server["label"] for server in result["servers"]}
+    for name in dict.fromkeys(r["server"] for r in result["runs"]):
+        runs = [r for r in result["runs"] if r["server"] == name]
+        rates, colour, label = [r["rate"] for r in runs], COLOURS.get(name, "tab:gray"), labels[name]
+        for q, style in (("p50", "o-"), ("p99", "^:")):
+            itl_ax.plot(rates, [1000 * number(r["itl_s"][q]) for r in runs], style, color=colour, label=f"{label} {q}")
+        tpot_ax.plot(rates, [1000 * number(r["tpot_s"]["p50"]) for r in runs], "o-", color=colour, label=label)
+    step = result.get("offline_step_ms")
+    for ax in (itl_ax, tpot_ax):
+        if step:
+            ax.axhline(step, color="gray", lw=0.8, ls="-.", label=f"offline decode step, batch 1 ({step:.0f} ms)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(s["rates"], [f"{r:g}" for r in s["rates"]])
+        ax.set(xlabel="arrival rate (requests/s, Poisson)", ylabel="ms", yscale="log")
+    tpot_ax.axhline(1000 * s["tpot_slo_s"], color="gray", lw=0.8, ls="--", label="TPOT target")
+    itl_ax.set_title("inter-token latency p50 (solid) and p99 (dotted)")
+    tpot_ax.set_title("time per output token, p50")
+    for ax in (itl_ax, tpot_ax):
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2 if ax is itl_ax else 1)
+        plain_log_labels(ax)
+    harness.save_figure(fig, path, result, f"{s['requests']} requests a rate; ")
+
+
+def plot_serving(result: dict, path) -> None:
     """TTFT, TPOT and ITL percentiles, output tokens/s and goodput against the arrival rate, a colour a server."""
     fig, axes = harness.figure_axes(2, 2, (11, 7))
-    s, colours = result["settings"], {"rosellm": "tab:red", "vllm": "tab:blue"}
+    s, colours = result["settings"], COLOURS
     styles = {"p50": "o-", "p90": "s--", "p99": "^:"}
     (ttft_ax, tpot_ax), (tps_ax, good_ax) = axes
     for name in dict.fromkeys(r["server"] for r in result["runs"]):

@@ -323,29 +323,43 @@ def block_serve(results: Path, name: str) -> str:
     several = len(labels) > 1
     ms = lambda v: "–" if v is None else f"{1000 * v:,.0f}" if v >= 0.01 else f"{1000 * v:.1f}"  # noqa: E731
     sec = lambda v: "–" if v is None else f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"  # noqa: E731
+    step = result.get("offline_step")
     rows = []
     for r in result["runs"]:
         ttft, tpot = r["ttft_s"], r["tpot_s"]
         done = "" if r["failed"] == 0 else f" ({r['failed']} failed)"
+        ratio = r.get("tpot_over_offline_step")
         rows.append(
             ([labels[r["server"]]] if several else [])
             + [
                 f"{r['rate']:g}",
                 " / ".join(sec(ttft[q]) for q in ("p50", "p90", "p99")),
                 " / ".join(ms(tpot[q]) for q in ("p50", "p90")),
-                ms(r["itl_s"]["p99"]),
+            ]
+            + ([("–" if ratio is None else f"{ratio:.2f}×")] if step else [])
+            + [
+                " / ".join(ms(r["itl_s"][q]) for q in ("p50", "p99")) if step else ms(r["itl_s"]["p99"]),
                 "–" if r["output_tokens_per_s"] is None else f"{r['output_tokens_per_s']:.1f}",
                 f"**{100 * r['goodput']:.0f} %**{done}",
             ]
         )
-    headings = ["arrival rate (requests/s)", "TTFT p50 / p90 / p99 (s)", "TPOT p50 / p90 (ms)", "ITL p99 (ms)"]
+    headings = ["arrival rate (requests/s)", "TTFT p50 / p90 / p99 (s)", "TPOT p50 / p90 (ms)"]
+    headings += ["TPOT p50 / offline step", "ITL p50 / p99 (ms)"] if step else ["ITL p99 (ms)"]
     headings = (["server"] if several else []) + headings + ["output tokens/s", "goodput"]
     (low, high), (fewest, most) = s["prompt_len"], s["max_tokens"]
     served = "" if several else f", served by {labels.get('rosellm', 'rosellm')}"
+    named = (lambda n: labels.get(n, n)) if step else (lambda n: n)  # noqa: E731
     same = "".join(
-        f" Identical greedy texts, {pair.replace('rosellm vs ', 'rosellm and ')}: "
+        f" Identical greedy texts, {' and '.join(named(n) for n in pair.split(' vs '))}: "
         f"{sum(r['identical'] for r in rates)} of {sum(r['requests'] for r in rates)} requests."
         for pair, rates in result.get("agreement", {}).items()
+    )
+    offline = (
+        f" Offline decode step of the same engine, one request ({step['prompt_len']}-token prompt, "
+        f"{step['max_tokens']} tokens, the same threads): **{step['ms']:.1f} ms**, what each server's TPOT p50 "
+        "is set against."
+        if step and step.get("ms")
+        else ""
     )
     return (
         table(headings, rows)
@@ -354,7 +368,8 @@ def block_serve(results: Path, name: str) -> str:
         f"{fewest}–{most} output tokens each (greedy, EOS ignored), streamed over HTTP to one asyncio client on "
         f"the same machine; {model}{served}. TTFT: from sending to the first chunk; TPOT: the time per output "
         f"token after the first; ITL: the gap between two chunks; goodput: the share of requests with TTFT ≤ "
-        f"{s['ttft_slo_s']:g} s and TPOT ≤ {1000 * s['tpot_slo_s']:.0f} ms.{same}\n\n" + server_load_lines(result)
+        f"{s['ttft_slo_s']:g} s and TPOT ≤ {1000 * s['tpot_slo_s']:.0f} ms.{offline}{same}\n\n"
+        + server_load_lines(result)
     )
 
 
@@ -365,7 +380,7 @@ def server_load_lines(result: dict) -> str:
         f"while {x['label']} ran, {100 * x['other_processes_cpu_share']:.0f} %"
         + (
             ""
-            if x["server"] == "rosellm"
+            if x["server"].startswith("rosellm")
             else " (its own worker processes, started under it but not reaped by it, included)"
         )
         for x in result.get("servers", [])

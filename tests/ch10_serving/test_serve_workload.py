@@ -59,3 +59,45 @@ def test_serve_quick_completes_every_request_and_leaves_no_server(tiny_model_dir
         assert r["ttft_s"]["p99"] <= r["e2e_s"]["p99"] and r["duration_s"] > 0
         assert r["request_throughput"] > 0 and r["output_tokens_per_s"] > 0
         assert 0 <= r["goodput"] <= 1 and 0 <= r["goodput_rps"] <= r["request_throughput"]
+
+
+@pytest.mark.workload("serve")
+def test_serve_quick_runs_chapter_16_forms_and_leaves_no_core(tiny_model_dirs, tmp_path):
+    json_path, figure = tmp_path / "result.json", tmp_path / "figure.png"
+    command = [sys.executable, "-m", "benchmarks", "serve", "--quick", "--model", str(tiny_model_dirs["gqa"])]
+    command += [
+        "--rosellm",
+        "in-process,split,dp2",
+        "--threads",
+        "2",
+        "--json",
+        str(json_path),
+        "--figure",
+        str(figure),
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(json_path.read_text())
+    assert figure.stat().st_size > 0 and result["correct"] is True
+    assert "offline decode step, batch 1" in done.stdout and "TPOT p50 / offline step" in done.stdout
+
+    s, names = result["settings"], ["rosellm-in-process", "rosellm-split", "rosellm-dp2"]
+    assert s["rosellm"] == ["in-process", "split", "dp2"]
+    assert [server["server"] for server in result["servers"]] == names
+    assert len({server["label"] for server in result["servers"]}) == 3
+    for server in result["servers"]:
+        assert "error" not in server and server["exit_status"] is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(server["pid"], 0)
+        assert process_group_members(server["pid"]) == []  # its engine cores too
+
+    assert result["offline_step_ms"] > 0 and result["offline_step"]["max_tokens"] == s["max_tokens"][1]
+    assert [(r["server"], r["rate"]) for r in result["runs"]] == [(n, rate) for n in names for rate in s["rates"]]
+    for r in result["runs"]:
+        assert r["requests"] == r["completed"] == s["requests"] and r["failed"] == 0
+        assert r["tpot_over_offline_step"] == pytest.approx(1000 * r["tpot_s"]["p50"] / result["offline_step_ms"], 1e-2)
+    agreement = result["agreement"]
+    assert sorted(agreement) == ["rosellm-in-process vs rosellm-dp2", "rosellm-in-process vs rosellm-split"]
+    for rates in agreement.values():
+        assert [a["rate"] for a in rates] == s["rates"]
+        assert all(a["identical"] == a["requests"] == s["requests"] for a in rates)
