@@ -88,7 +88,7 @@ NOTES = [
 COLUMNS = {"server": "server", "rate": "req/s in", "done": "done", "ttft_p50": "TTFT p50 s", "ttft_p90": "p90"}
 COLUMNS |= {"ttft_p99": "p99", "tpot_p50": "TPOT p50 ms", "tpot_p90": "p90", "itl_p99": "ITL p99 ms"}
 COLUMNS |= {"request_throughput": "req/s out", "output_tokens_per_s": "tok/s", "goodput_pct": "goodput %"}
-STEP_COLUMNS = {"tpot_over_offline_step": "TPOT p50 / offline step"}
+STEP_COLUMNS = {"tpot_over_offline_step": "TPOT p50 / offline step", "engine_step_ms": "engine step ms"}
 
 
 def add_arguments(parser) -> None:
@@ -386,9 +386,33 @@ def serve_schedule(server: Server, info: dict, work: list, warmup: list, s: dict
         raise ServerError(f"{server.name}'s warm-up failed: {sorted({r['error'] for r in warm if r['error']})}")
     for rate, requests, arrivals in work:
         print(f"{server.name}: {len(requests)} requests at {rate:g}/s", flush=True)
+        before = engine_steps(server)
         done = asyncio.run(send_all(server.url, requests, arrivals))
-        rows.append({"server": server.name, "label": info["label"]} | summarize(done, rate, s))
+        row = {"server": server.name, "label": info["label"]} | summarize(done, rate, s)
+        rows.append(row | mean_step(before, engine_steps(server)))
     return rows
+
+
+def engine_steps(server: Server) -> tuple[float, float] | None:
+    """(seconds, steps) of the engine's steps so far, from the server's `rosellm:engine_step_seconds`
+    histogram (chapter 16's servers time each step where it runs); None where the server has no such metric."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("rosellm:engine_step_seconds_"))
+    if "rosellm:engine_step_seconds_sum" not in values:
+        return None
+    return float(values["rosellm:engine_step_seconds_sum"]), float(values["rosellm:engine_step_seconds_count"])
+
+
+def mean_step(before: tuple[float, float] | None, after: tuple[float, float] | None) -> dict:
+    """The mean engine step during one rate's schedule, in ms, as the server timed it (nothing if it does not)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return {}
+    return {"engine_step_ms": round(1000 * (after[0] - before[0]) / (after[1] - before[1]), 3)}
 
 
 def measure(args, s: dict, forms: list[str], chosen: list) -> dict:
@@ -476,7 +500,8 @@ def table_rows(result: dict) -> list[dict]:
         row |= {f"ttft_{q}": r["ttft_s"][q] for q in ("p50", "p90", "p99")}
         row |= {f"tpot_{q}": r["tpot_s"][q] and 1000 * r["tpot_s"][q] for q in ("p50", "p90")}
         row |= dict(itl_p99=r["itl_s"]["p99"] and 1000 * r["itl_s"]["p99"], goodput_pct=100 * r["goodput"])
-        row |= {key: r.get(key) for key in ("request_throughput", "output_tokens_per_s", "tpot_over_offline_step")}
+        keys = ("request_throughput", "output_tokens_per_s", "tpot_over_offline_step", "engine_step_ms")
+        row |= {key: r.get(key) for key in keys}
         rows.append(row)
     return rows
 
