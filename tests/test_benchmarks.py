@@ -2,18 +2,22 @@
 checks against transformers, the figures), not the speed. The peers are not installed here (minutes of
 building); their plumbing runs against fake peers that speak the same JSON protocol.
 
-Each workload runs through the command line with one torch thread. A test marked `workload(name)` runs only
-where that workload's chapter exists (see `tests/conftest.py`).
+Each workload runs through the command line with one torch thread. rosellm's engines run uncompiled
+(`TORCH_COMPILE_DISABLE=1` in the processes a run starts: compiling costs seconds a process and no check here
+reads a speed) but where the compiled engine is what a test checks: offline-cpu's profile, cpu-ablation's steps.
+A test marked `workload(name)` runs only where that workload's chapter exists (see `tests/conftest.py`).
 """
 
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -24,23 +28,28 @@ from benchmarks import harness
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def bench(*args: str, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
-def run_quick(workload: str, model: Path, tmp_path: Path, *extra: str, fakes: dict | None = None) -> dict:
+def run_quick(
+    workload: str, model: Path, tmp_path: Path, *extra: str, fakes: dict | None = None, compiled: bool = False
+) -> dict:
     """`python -m benchmarks WORKLOAD --quick ...`: in a process of its own, or, with `fakes` (peer name ->
-    fake `Peer`), in this one with the peers replaced by the fakes."""
+    fake `Peer`), in this one with the peers replaced by the fakes. The processes it starts compile nothing
+    unless `compiled` (this process compiles as it would have: its torch read the variable at import)."""
     json_path, figure = tmp_path / f"{workload}.json", tmp_path / f"{workload}.png"
     argv = [workload, "--quick", "--model", str(model), "--threads", "1", "--json", str(json_path)]
     argv += ["--figure", str(figure), *extra]
+    uncompiled = {} if compiled else {"TORCH_COMPILE_DISABLE": "1"}
     if fakes is None:
-        done = bench(*argv)
+        done = bench(*argv, env=os.environ | uncompiled)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     else:
-        run_with_fake_peers(argv, fakes)
+        with mock.patch.dict(os.environ, uncompiled):
+            run_with_fake_peers(argv, fakes)
     assert figure.is_file() and figure.stat().st_size > 0
     text = json_path.read_text()
     assert str(tmp_path) not in text and str(model) not in text  # the model's temporary folder: by its name
@@ -81,7 +90,7 @@ def test_offline_cpu_quick(tiny_gqa, tmp_path):
     """With both peers faked: vLLM's answers the checked sample right and is timed, llama.cpp's does not and is
     not; the rest of the table as without peers."""
     fakes = {"vllm": fake_peer(tmp_path, "vllm", HONEST), "llamacpp": fake_peer(tmp_path, "llamacpp", LIAR)}
-    result = run_quick("offline-cpu", tiny_gqa, tmp_path, "--peers", "vllm,llamacpp", fakes=fakes)
+    result = run_quick("offline-cpu", tiny_gqa, tmp_path, "--peers", "vllm,llamacpp", fakes=fakes, compiled=True)
     check_roofline(result)
     engines = {e["engine"]: e for e in result["engines"]}
     assert set(engines) == {"rosellm", "hf-generate", "hf-continuous", "vllm", "llamacpp"}
@@ -392,13 +401,12 @@ def test_offline_gpu_without_cuda_says_so_and_exits_cleanly(tmp_path):
     assert not json_path.exists()
 
 
+# long-prompts and prefix run with run_quick in their chapters' tests (tests/ch08_*, tests/ch09_*)
 CHAPTER_WORKLOADS = {  # workload -> options beyond --quick; each measures its own chapter's checkpoint by default
     "decode-scaling": [],
     "batch-throughput": [],
     "paged-vs-padded": [],
     "arrivals": [],
-    "long-prompts": [],
-    "prefix": [],
     "cpu-ablation": [],
     "tensor-parallel": [],
 }
@@ -410,7 +418,8 @@ CHAPTER_WORKLOADS = {  # workload -> options beyond --quick; each measures its o
 def test_chapter_workload_quick(workload, tiny_gqa, tmp_path):
     from benchmarks import WORKLOADS
 
-    result = run_quick(workload, tiny_gqa, tmp_path, *CHAPTER_WORKLOADS[workload])
+    compiled = workload == "cpu-ablation"  # its steps are what compiling adds
+    result = run_quick(workload, tiny_gqa, tmp_path, *CHAPTER_WORKLOADS[workload], compiled=compiled)
     own = chapters.checkpoint(WORKLOADS[workload][1])
     if "checkpoint" in result:
         assert result["checkpoint"] == own.module

@@ -35,11 +35,12 @@ def test_long_cached_generation_matches_transformers(checkpoint, tiny_model_dirs
 
 @pytest.mark.model
 def test_smollm2_long_greedy_matches_transformers(checkpoint, smollm2_llm, smollm2_hf):
+    """Over 100 tokens decoded from the cache, every one transformers' greedy token."""
     tokenizer = smollm2_llm.tokenizer
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Tell me a long story about a robot."}], tokenize=False, add_generation_prompt=True
     )
-    params = checkpoint.SamplingParams(temperature=0, max_tokens=160)
+    params = checkpoint.SamplingParams(temperature=0, max_tokens=120)
     [output] = smollm2_llm.generate([prompt], params, use_tqdm=False)
     assert len(output.token_ids) > 100
-    assert output.token_ids == hf_greedy(smollm2_hf, output.prompt_token_ids, 160)
+    assert output.token_ids == hf_greedy(smollm2_hf, output.prompt_token_ids, 120)

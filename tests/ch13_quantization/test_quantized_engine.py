@@ -107,12 +107,27 @@ QUESTIONS = ["What is the capital of France?", "Name a color.", "What is 2 + 2?"
 BF16_SMOLLM2_MAX, BF16_SMOLLM2_MEAN = 2.0, 0.3
 
 
+@pytest.fixture(scope="module")
+def gguf_fp32_llms() -> dict:
+    """Checkpoint name -> SmolLM2 on its GGUF tensors, fp32 compute, eager: built once for this module's tests."""
+    return {}
+
+
+def smollm2_fp32(checkpoint, quantization: str, gguf_llms: dict):
+    """SmolLM2 quantized, fp32 compute, eager; the gguf one from (or into) `gguf_llms`."""
+    if quantization != "gguf":
+        return checkpoint.LLM(quantization=quantization, dtype="float32", enforce_eager=True)
+    if checkpoint.__name__ not in gguf_llms:
+        gguf_llms[checkpoint.__name__] = checkpoint.LLM(quantization="gguf", dtype="float32", enforce_eager=True)
+    return gguf_llms[checkpoint.__name__]
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("quantization", ["gguf", "int4"])  # gguf runs Q8_0's int8 kernels too (the LM head)
-def test_smollm2_bf16_greedy_equals_fp32(checkpoint, smollm2_path, monkeypatch, quantization):
+def test_smollm2_bf16_greedy_equals_fp32(checkpoint, smollm2_path, gguf_fp32_llms, monkeypatch, quantization):
     cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
     monkeypatch.setattr(cpu_features, "cpu_has_bf16", lambda: True)
-    fp32 = checkpoint.LLM(quantization=quantization, dtype="float32", enforce_eager=True)
+    fp32 = smollm2_fp32(checkpoint, quantization, gguf_fp32_llms)
     bf16 = checkpoint.LLM(quantization=quantization, dtype="bfloat16", enforce_eager=True)
     tokenizer = fp32.tokenizer
     prompts = [
@@ -140,10 +155,10 @@ def assert_equal_up_to_a_near_tie(fp32, prompt_ids, expected, tokens) -> None:
 
 
 @pytest.mark.model
-def test_smollm2_gguf_fp32_equals_the_dequantized_model(checkpoint, smollm2_llm):
+def test_smollm2_gguf_fp32_equals_the_dequantized_model(checkpoint, smollm2_llm, gguf_fp32_llms):
     """The file's own tensors, dense fp32 compute: greedy tokens of the default path (the same weights,
     dequantized once into the cache) and logits within chapter 11's tolerance."""
-    gguf = checkpoint.LLM(quantization="gguf", dtype="float32", enforce_eager=True)
+    gguf = smollm2_fp32(checkpoint, "gguf", gguf_fp32_llms)
     assert type(gguf.model.model.embed_tokens).__name__ == "QuantizedEmbedding"
     assert type(gguf.model.lm_head).__name__ == "Int8Linear"
     ids = smollm2_llm.tokenizer("The capital of France is")["input_ids"]
