@@ -68,12 +68,14 @@ bench: $(STAMP)
 	$(PY) -m benchmarks offline-cpu
 
 # Also vLLM's CPU build and llama.cpp, each installed on first use into .peers/NAME (llama.cpp compiles for ~15 min);
-# speculative sets rosellm's speculation against vLLM's n-gram speculation; structured, the cost of a JSON schema.
+# speculative sets rosellm's speculation against vLLM's n-gram speculation; structured, the cost of a JSON schema;
+# serve, chapter 16's servers (in process, split, two cores) against vLLM's.
 bench-peers: $(STAMP)
 	$(PY) -m benchmarks offline-cpu --peers vllm,llamacpp
 	$(PY) -m benchmarks latency-cpu --peers vllm,vllm-bf16,llamacpp,llamacpp-q4_1
 	$(PY) -m benchmarks speculative --peers vllm
 	$(PY) -m benchmarks structured --peers vllm
+	$(PY) -m benchmarks serve --rosellm in-process,split,dp2 --peers vllm --rates 0.5,1,2
 
 clean-venv:
 	rm -rf $(VENV)

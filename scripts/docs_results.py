@@ -315,6 +315,11 @@ def block_prefix(results: Path, name: str) -> str:
     )
 
 
+def engine_step(run: dict) -> str:
+    """The mean engine step during a rate, as the server timed it ("–" for a server that does not)."""
+    return "–" if run.get("engine_step_ms") is None else f"{run['engine_step_ms']:.0f}"
+
+
 def block_serve(results: Path, name: str) -> str:
     result = load(results, name)
     s = result["settings"]
@@ -336,7 +341,7 @@ def block_serve(results: Path, name: str) -> str:
                 " / ".join(sec(ttft[q]) for q in ("p50", "p90", "p99")),
                 " / ".join(ms(tpot[q]) for q in ("p50", "p90")),
             ]
-            + ([("–" if ratio is None else f"{ratio:.2f}×")] if step else [])
+            + ([("–" if ratio is None else f"{ratio:.2f}×"), engine_step(r)] if step else [])
             + [
                 " / ".join(ms(r["itl_s"][q]) for q in ("p50", "p99")) if step else ms(r["itl_s"]["p99"]),
                 "–" if r["output_tokens_per_s"] is None else f"{r['output_tokens_per_s']:.1f}",
@@ -344,7 +349,7 @@ def block_serve(results: Path, name: str) -> str:
             ]
         )
     headings = ["arrival rate (requests/s)", "TTFT p50 / p90 / p99 (s)", "TPOT p50 / p90 (ms)"]
-    headings += ["TPOT p50 / offline step", "ITL p50 / p99 (ms)"] if step else ["ITL p99 (ms)"]
+    headings += ["TPOT p50 / offline step", "engine step (ms)", "ITL p50 / p99 (ms)"] if step else ["ITL p99 (ms)"]
     headings = (["server"] if several else []) + headings + ["output tokens/s", "goodput"]
     (low, high), (fewest, most) = s["prompt_len"], s["max_tokens"]
     served = "" if several else f", served by {labels.get('rosellm', 'rosellm')}"
@@ -357,7 +362,8 @@ def block_serve(results: Path, name: str) -> str:
     offline = (
         f" Offline decode step of the same engine, one request ({step['prompt_len']}-token prompt, "
         f"{step['max_tokens']} tokens, the same threads): **{step['ms']:.1f} ms**, what each server's TPOT p50 "
-        "is set against."
+        "is set against; the engine step is the mean step during the rate, as the server timed it where the "
+        "step ran (`rosellm:engine_step_seconds`)."
         if step and step.get("ms")
         else ""
     )

@@ -17,10 +17,12 @@ def split_servers():
 
 @pytest.fixture
 def dp_server(checkpoint, split_servers, tiny_model_dirs) -> RunningServer:
-    """Two engine cores (data parallelism) on the tiny model, default engine options."""
+    """Two engine cores (data parallelism) on the tiny model, eager (as `offline`: they start in seconds)."""
     key = ("dp2", checkpoint.__name__)
     if key not in split_servers:
-        split_servers[key] = RunningServer(checkpoint, tiny_model_dirs["gqa"], "split", data_parallel_size=2)
+        split_servers[key] = RunningServer(
+            checkpoint, tiny_model_dirs["gqa"], "split", data_parallel_size=2, enforce_eager=True
+        )
     return split_servers[key]
 
 
@@ -40,7 +42,7 @@ def offline_llms():
 
 @pytest.fixture
 def offline(checkpoint, offline_llms, tiny_model_dirs):
-    """The offline `LLM` on the tiny model, default options (the servers' own)."""
+    """The offline `LLM` on the tiny model, eager (the servers' options)."""
     if checkpoint.__name__ not in offline_llms:
-        offline_llms[checkpoint.__name__] = checkpoint.LLM(str(tiny_model_dirs["gqa"]))
+        offline_llms[checkpoint.__name__] = checkpoint.LLM(str(tiny_model_dirs["gqa"]), enforce_eager=True)
     return offline_llms[checkpoint.__name__]
