@@ -97,7 +97,7 @@ def test_serve_quick_runs_chapter_16_forms_and_leaves_no_core(tiny_model_dirs, t
     for r in result["runs"]:
         assert r["requests"] == r["completed"] == s["requests"] and r["failed"] == 0
         assert r["tpot_over_offline_step"] == pytest.approx(1000 * r["tpot_s"]["p50"] / result["offline_step_ms"], 1e-2)
-        assert 0 < r["engine_step_ms"] < 1000 * r["tpot_s"]["p99"] + 1  # the server's own timing of its steps
+        assert 0 < r["engine_step_ms"] < 1000 * r["duration_s"]  # the server's own timing of its steps
     agreement = result["agreement"]
     assert sorted(agreement) == ["rosellm-in-process vs rosellm-dp2", "rosellm-in-process vs rosellm-split"]
     for rates in agreement.values():
