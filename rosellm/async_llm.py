@@ -37,6 +37,7 @@ from .engine_config import EngineConfig
 from .input_processor import tokenize_prompt
 from .loader import load_tokenizer, tokenizer_folder
 from .metrics import EngineMetrics
+from .output_processor import released_text
 from .outputs import CompletionOutput, RequestOutput, SpecDecodeStats
 from .replica_router import ReplicaRouter
 from .sampling import SamplingParams
@@ -66,10 +67,7 @@ class Answer:
                 return  # past a stop string: the core's extra tokens are dropped
             final = finish_reason if position == len(new_token_ids) - 1 else None
             self.token_ids.append(token)
-            piece = self.detokenizer.add(token)
-            if final is not None:
-                piece += self.detokenizer.flush()
-            self.text += self.stop_matcher.add(piece, final=final is not None)
+            self.text += released_text(self.detokenizer, self.stop_matcher, token, final is not None)
             self.finish_reason = "stop" if self.stop_matcher.stopped else final
 
 

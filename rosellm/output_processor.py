@@ -80,10 +80,7 @@ class RequestState:
         if sample.detokenizer is None:
             sample.finish_reason = finish_reason
             return finish_reason
-        piece = sample.detokenizer.add(token)
-        if finish_reason is not None:
-            piece += sample.detokenizer.flush()
-        sample.text += sample.stop_matcher.add(piece, final=finish_reason is not None)
+        sample.text += released_text(sample.detokenizer, sample.stop_matcher, token, finish_reason is not None)
         if sample.stop_matcher.stopped:
             finish_reason = "stop"
         sample.finish_reason = finish_reason
@@ -105,3 +102,12 @@ class RequestState:
             first.num_cached_tokens or 0,
             self.spec_decode,
         )
+
+
+def released_text(detokenizer: IncrementalDetokenizer, stop_matcher: StopStringMatcher, token: int, final: bool) -> str:
+    """The text `token` releases: its detokenized piece (and all that was held back, if the answer ends with
+    it: `final`), less what the stop-string matcher holds back or drops."""
+    piece = detokenizer.add(token)
+    if final:
+        piece += detokenizer.flush()
+    return stop_matcher.add(piece, final=final)
