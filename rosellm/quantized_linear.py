@@ -8,14 +8,20 @@ minimum), `Int8Linear` holds int8 codes and a scale only (GGUF's Q8_0: groups of
 row). `dequantize()` gives the exact fp32 weight these stand for: for a GGUF tensor, bit for bit what
 `gguf.quants.dequantize` gives.
 
-Each layer runs as a custom operator that picks its kernel by the rows of its input. With few rows (decode,
-batch 1 to SMALL_BATCH_ROWS) on bf16 activations, PyTorch's CPU kernels multiply the packed codes directly
-(`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`): a 4-bit weight is read in an eighth of the bytes of
-fp32. With more rows the multiply, not the reading, costs most, and a dense copy of the dequantized weight
-in the compute dtype, made once at load, wins with `F.linear`. With fp32 activations the packed kernels lose
-at every row count, so fp32 compute always takes the dense copy. The cost of that copy: the layer holds its
-codes (0.5 or 1 byte per weight), the kernel's packed codes (0.5 byte for int4) and the dense copy (2 bytes
-in bf16, 4 in fp32).
+Each layer picks its kernel by the rows of its input. With few rows (decode, batch 1 to SMALL_BATCH_ROWS) on
+bf16 activations, PyTorch's CPU kernels multiply the packed codes directly (`_weight_int4pack_mm_for_cpu`,
+`_weight_int8pack_mm`): a 4-bit weight is read in an eighth of the bytes of fp32. Q8_0's scale per group of
+32 fits the int4 kernel, not the int8 one (a scale per row): its codes run there as two 4-bit halves (see
+`Int8Linear`). With more rows the multiply, not the reading, costs most, and a dense copy of the dequantized
+weight in the compute dtype, made once at load, wins with `F.linear`. With fp32 activations the packed
+kernels lose at every row count, so fp32 compute always takes the dense copy. The cost of that copy: the
+layer holds its codes (0.5 or 1 byte per weight), the kernel's packed codes and the dense copy (2 bytes in
+bf16, 4 in fp32).
+
+The choice is Python, made per call. A graph whose row count is a symbol (any number of tokens) keeps it for
+run time inside a custom operator (`OPERATORS`), which Inductor calls back into Python. Where
+torch.compile traces one row (it specializes a size of 1: the one-token graph of a decode step) the choice
+is made while tracing instead, and the chosen kernel goes into the graph as it is: no Python per layer at run time.
 """
 
 from dataclasses import dataclass, replace
@@ -31,9 +37,10 @@ GROUP = 32  # weights per scale in GGUF's Q4_0, Q4_1, Q8_0 and in our int4
 # at 1 / 4 / 8 / 16 / 32 rows, int8 per channel 3.2 / 4.0 / 6.6 / 10.7 / 19.3, dense bf16 5.5 / 5.8 / 6.5 /
 # 7.8 / 10.7: int4 wins up to 8 rows, int8 ties there, dense wins from 16.
 SMALL_BATCH_ROWS = 8
-# Q8_0's int8 in groups of 32 takes one kernel call per group (18 for 576 inputs): 6.2 ms at 1 row, 7.8 at
-# 2, 10.5 at 4 on the same layers, so it pays at one row only.
-GROUPED_INT8_ROWS = 1
+# Q8_0 on the int4 kernel reads twice the inputs (each code's two halves). Measured on the same CPU, on
+# SmolLM2's 49152x576 LM head (ms): 1.7 / 2.1 / 3.1 / 5.6 at 1 / 2 / 4 / 8 rows, dense bf16 3.6 / 3.6 / 3.8
+# / 4.4: it wins up to 4 rows.
+HALVES_ROWS = 4
 PACKED_DTYPES = (torch.bfloat16,)  # activations on which the packed kernels pay
 
 
@@ -100,43 +107,53 @@ def uses_packed_kernel(x: torch.Tensor, max_rows: int) -> bool:
 NAMESPACE = __package__.replace(".", "_")
 
 
-@torch.library.custom_op(f"{NAMESPACE}::int4_linear", mutates_args=())
-def int4_linear(
+def int4_matmul(
     x: torch.Tensor, packed: torch.Tensor, scale_and_zero: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x [rows, in] @ w.T + bias -> [rows, out]: the packed 4-bit kernel or the dense copy `dense` [out, in]."""
     if not uses_packed_kernel(x, SMALL_BATCH_ROWS):
         return F.linear(x, dense, bias)
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scale_and_zero.to(x.dtype))
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scale_and_zero)
     return out if bias is None else out + bias
 
 
-@int4_linear.register_fake
-def _(x, packed, scale_and_zero, dense, bias):
-    return x.new_empty(*x.shape[:-1], dense.shape[0])
+def halves_matmul(
+    x: torch.Tensor, packed: torch.Tensor, scale_and_zero: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [rows, in] @ w.T + bias -> [rows, out] for int8 codes packed as their two 4-bit halves side by side
+    (`Int8Linear.pack_halves`): the int4 kernel on the inputs twice, [x, x]; or the dense copy."""
+    if not uses_packed_kernel(x, HALVES_ROWS):
+        return F.linear(x, dense, bias)
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(torch.cat([x, x], dim=-1), packed, GROUP, scale_and_zero)
+    return out if bias is None else out + bias
 
 
-@torch.library.custom_op(f"{NAMESPACE}::int8_linear", mutates_args=())
-def int8_linear(
+def int8_matmul(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """x [rows, in] @ w.T + bias -> [rows, out]: the int8 kernel once per group of codes [groups, out, group]
-    (scales [groups, out]), the partial products summed in fp32; or the dense copy `dense` [out, in]."""
-    groups, _, group = codes.shape
-    if not uses_packed_kernel(x, SMALL_BATCH_ROWS if groups == 1 else min(SMALL_BATCH_ROWS, GROUPED_INT8_ROWS)):
+    """x [rows, in] @ w.T + bias -> [rows, out]: the int8 kernel on codes [out, in] with a scale per row
+    (scales [out]), or the dense copy `dense` [out, in]."""
+    if not uses_packed_kernel(x, SMALL_BATCH_ROWS):
         return F.linear(x, dense, bias)
-    scales = scales.to(x.dtype)
-    out = sum(
-        torch.ops.aten._weight_int8pack_mm(x[:, g * group : (g + 1) * group].contiguous(), codes[g], scales[g]).float()
-        for g in range(groups)
-    )
-    out = out.to(x.dtype)
+    out = torch.ops.aten._weight_int8pack_mm(x, codes, scales)
     return out if bias is None else out + bias
 
 
-@int8_linear.register_fake
-def _(x, codes, scales, dense, bias):
-    return x.new_empty(*x.shape[:-1], dense.shape[0])
+def as_operator(matmul):
+    """`matmul` as one custom operator of the same name, its output shape [rows, out] told to the compiler."""
+    operator = torch.library.custom_op(f"{NAMESPACE}::{matmul.__name__}", mutates_args=())(matmul)
+    operator.register_fake(lambda x, weight, scales, dense, bias: x.new_empty(*x.shape[:-1], dense.shape[0]))
+    return operator
+
+
+OPERATORS = {matmul: as_operator(matmul) for matmul in (int4_matmul, halves_matmul, int8_matmul)}
+
+
+def run_matmul(matmul, x: torch.Tensor, *weights) -> torch.Tensor:
+    """`matmul(x, *weights)` itself where torch.compile traces x as one row (it specializes a size of 1: the
+    one-token graph), the choice made while tracing; else its operator, the choice made at run time."""
+    one_row_traced = torch.compiler.is_compiling() and x.shape[0] == 1
+    return (matmul if one_row_traced else OPERATORS[matmul])(x, *weights)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -164,9 +181,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("minimums", minimums)  # [out, in / 32] fp32
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
         # The kernel's layout and its formula w = (code - 8) * scale + zero
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.int(), 1))
         zeros = minimums + (8 - self.offset) * weight.scales
-        scale_and_zero = torch.stack([weight.scales.T, zeros.T], -1).to(dtype).contiguous()
+        packed, scale_and_zero = pack_for_int4_kernel(weight.codes, weight.scales, zeros, dtype)
+        self.register_buffer("packed", packed)
         self.register_buffer("scale_and_zero", scale_and_zero)  # [in / 32, out, 2] in the compute dtype
         self.register_buffer("dense", self.dequantize().to(dtype))  # [out, in] in the compute dtype
 
@@ -175,12 +192,31 @@ class Int4Linear(nn.Module):
         return dequantize(unpack_nibbles(self.codes), self.scales, self.minimums, self.offset, GROUP)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = int4_linear(x.reshape(-1, self.in_features), self.packed, self.scale_and_zero, self.dense, self.bias)
+        out = run_matmul(
+            int4_matmul, x.reshape(-1, self.in_features), self.packed, self.scale_and_zero, self.dense, self.bias
+        )
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
+def pack_for_int4_kernel(codes, scales, zeros, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes [out, in] 0..15 and scales, zeros [out, in / 32] of w = (code - 8) * scale + zero -> the int4
+    kernel's packed codes and its [in / 32, out, 2] scales and zeros in `dtype`."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
+    return packed, torch.stack([scales.T, zeros.T], -1).to(dtype).contiguous()
+
+
 class Int8Linear(nn.Module):
-    """A linear layer on int8 codes and a scale per group of a row (one group per row: per-channel)."""
+    """A linear layer on int8 codes and a scale per group of a row (one group per row: per channel).
+
+    PyTorch's int8 kernel takes one scale per row. Groups of 32 (Q8_0) run on the int4 kernel instead, each
+    code split in two 4-bit halves: code + 128 = 16 * high + low, with high and low in 0..15, so
+
+        w = code * s = (high - 8) * 16s + (low - 8) * s + 8s
+
+    two int4 weights in the kernel's form (code - 8) * scale + zero: scale 16s and zero 0 for the high half,
+    scale s and zero 8s for the low one. Put side by side they are one int4 matrix [out, 2 * in] that the
+    inputs meet twice: [x, x] @ [high | low].T = x @ w.T, read in the bytes of the int8 codes.
+    """
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
@@ -188,21 +224,37 @@ class Int8Linear(nn.Module):
             raise ValueError("Int8Linear takes symmetric int8 codes (no offset, no minimum)")
         self.out_features, self.in_features = weight.shape
         self.group = weight.group
-        groups = self.in_features // self.group
-        codes = weight.codes.reshape(self.out_features, groups, self.group).transpose(0, 1).contiguous()
-        self.register_buffer("codes", codes)  # [groups, out, group] int8: one contiguous matrix per group
-        self.register_buffer("scales", weight.scales.T.contiguous())  # [groups, out] fp32
-        self.register_buffer("kernel_scales", self.scales.to(dtype))
+        self.register_buffer("codes", weight.codes)  # [out, in] int8
+        self.register_buffer("scales", weight.scales)  # [out, in / group] fp32
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
         self.register_buffer("dense", self.dequantize().to(dtype))  # [out, in] in the compute dtype
+        if self.group == self.in_features:
+            self.register_buffer("kernel_scales", weight.scales[:, 0].to(dtype))  # [out] for the int8 kernel
+        else:
+            packed, scale_and_zero = self.pack_halves(dtype)
+            self.register_buffer("packed", packed)
+            self.register_buffer("scale_and_zero", scale_and_zero)  # [2 * in / 32, out, 2]
+
+    def pack_halves(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The codes as [high | low] halves [out, 2 * in] for the int4 kernel, with their scales and zeros."""
+        if self.group != GROUP:
+            raise ValueError(f"Int8Linear groups codes by one row or by {GROUP}, not {self.group}")
+        unsigned = self.codes.int() + 128  # [out, in] 0..255
+        halves = torch.cat([unsigned >> 4, unsigned & 15], dim=1)  # [out, 2 * in] 0..15
+        scales = torch.cat([16 * self.scales, self.scales], dim=1)
+        zeros = torch.cat([torch.zeros_like(self.scales), 8 * self.scales], dim=1)
+        return pack_for_int4_kernel(halves, scales, zeros, dtype)
 
     def dequantize(self) -> torch.Tensor:
         """The exact fp32 weight [out, in]."""
-        codes = self.codes.transpose(0, 1).flatten(1)  # [out, in]
-        return dequantize(codes, self.scales.T, None, 0, self.group)
+        return dequantize(self.codes, self.scales, None, 0, self.group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = int8_linear(x.reshape(-1, self.in_features), self.codes, self.kernel_scales, self.dense, self.bias)
+        x2d = x.reshape(-1, self.in_features)
+        if self.group == self.in_features:
+            out = run_matmul(int8_matmul, x2d, self.codes, self.kernel_scales, self.dense, self.bias)
+        else:
+            out = run_matmul(halves_matmul, x2d, self.packed, self.scale_and_zero, self.dense, self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -212,13 +264,12 @@ class QuantizedEmbedding(nn.Module):
 
     def __init__(self, head: Int8Linear, dtype: torch.dtype):
         super().__init__()
-        self.codes, self.scales = head.codes, head.scales  # [groups, vocab, group], [groups, vocab]
+        self.codes, self.scales = head.codes, head.scales  # [vocab, hidden] int8, [vocab, hidden / group]
         self.group, self.dtype = head.group, dtype
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: [num_tokens] -> [num_tokens, hidden]
-        codes = self.codes[:, input_ids].transpose(0, 1).flatten(1)  # [num_tokens, hidden]
-        return dequantize(codes, self.scales[:, input_ids].T, None, 0, self.group).to(self.dtype)
+        return dequantize(self.codes[input_ids], self.scales[input_ids], None, 0, self.group).to(self.dtype)
 
 
 def quantized_linear(weight: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:

@@ -25,7 +25,7 @@ def ql(checkpoint):
 def force_packed(monkeypatch, ql) -> None:
     """Every quantized layer takes its packed kernel, fp32 activations and any row count included."""
     monkeypatch.setattr(ql, "SMALL_BATCH_ROWS", 10**6)
-    monkeypatch.setattr(ql, "GROUPED_INT8_ROWS", 10**6)
+    monkeypatch.setattr(ql, "HALVES_ROWS", 10**6)
     monkeypatch.setattr(ql, "PACKED_DTYPES", (torch.bfloat16, torch.float32))
 
 

@@ -46,7 +46,7 @@ def quantized_weight(ql, quantization, kind: str, seed: int = 0):
 def force(monkeypatch, ql, kernel: str) -> None:
     """Make every call take `kernel`: "packed" on bf16 and fp32 activations alike, or "dense"."""
     monkeypatch.setattr(ql, "SMALL_BATCH_ROWS", 10**6 if kernel == "packed" else 0)
-    monkeypatch.setattr(ql, "GROUPED_INT8_ROWS", 10**6)
+    monkeypatch.setattr(ql, "HALVES_ROWS", 10**6 if kernel == "packed" else 0)
     monkeypatch.setattr(ql, "PACKED_DTYPES", (torch.bfloat16, torch.float32))
 
 
@@ -85,7 +85,7 @@ def test_kernel_is_chosen_by_rows(monkeypatch, ql, quantization, kind):
     for name in ("_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm"):
         kernel = getattr(torch.ops.aten, name)
         monkeypatch.setattr(torch.ops.aten, name, lambda *a, k=kernel: calls.append(1) or k(*a))
-    most = ql.GROUPED_INT8_ROWS if kind == "Q8_0" else ql.SMALL_BATCH_ROWS
+    most = ql.HALVES_ROWS if kind == "Q8_0" else ql.SMALL_BATCH_ROWS
     layer = ql.quantized_linear(quantized_weight(ql, quantization, kind), None, torch.bfloat16)
     layer(torch.randn(most + 1, IN, dtype=torch.bfloat16))
     assert not calls
@@ -105,6 +105,33 @@ def test_compiled_layer_equals_eager(monkeypatch, ql, quantization, kind):
     for rows in (1, 5):
         x = torch.randn(rows, IN)
         torch.testing.assert_close(compiled(x), F.silu(layer(x)))
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "int8"])
+def test_a_graph_of_one_row_holds_the_kernel_itself(monkeypatch, ql, quantization, kind):
+    """Traced with one row, the kernel is chosen while tracing and goes into the graph; traced with a row
+    count that is a symbol, the layer's custom operator keeps the choice for run time."""
+    traced = []
+    operators = {m: lambda *a, op=op: traced.append(op) or op(*a) for m, op in ql.OPERATORS.items()}
+    monkeypatch.setattr(ql, "OPERATORS", operators)
+    layer = ql.quantized_linear(quantized_weight(ql, quantization, kind), None, torch.bfloat16)
+    for rows, dynamic, through_operator in ((1, False, False), (3, True, True)):
+        x = torch.randn(rows, IN, dtype=torch.bfloat16)
+        eager = layer(x)  # through the operator
+        torch._dynamo.reset()
+        traced.clear()
+        torch.testing.assert_close(torch.compile(layer, dynamic=dynamic)(x), eager)
+        assert bool(traced) == through_operator
+
+
+def test_q8_0_on_the_int4_kernel_reads_back_every_weight(monkeypatch, ql, quantization):
+    """Q8_0's codes run as two 4-bit halves; fp32 one-hot inputs read each weight back through the int4
+    kernel, to fp32 rounding (the kernel folds scale and zero in its own order): the halves stand for the
+    codes."""
+    force(monkeypatch, ql, "packed")
+    layer = ql.quantized_linear(quantized_weight(ql, quantization, "Q8_0"), None, torch.float32)
+    weight = layer.dequantize()
+    torch.testing.assert_close(layer(torch.eye(IN)), weight.T, rtol=0, atol=1e-6 * weight.abs().max().item())
 
 
 def test_embedding_dequantizes_the_looked_up_rows(ql, quantization):

@@ -240,7 +240,12 @@ class LlamaForCausalLM(nn.Module):
 
     def compile_step(self) -> None:
         """Compile `LlamaModel.forward` as one graph (its sizes that vary from step to step are symbolic,
-        see `mark_dynamic_sizes`)."""
+        see `mark_dynamic_sizes`). Before each call torch.compile checks that its inputs still are what the
+        graph was traced for: a guard per weight, hundreds here (a quantized layer holds six tensors), about
+        a millisecond a step. Checked by dict tags, a module whose attributes were not reassigned since is
+        passed as one check (process-wide, like every `torch._dynamo.config` setting)."""
+        torch._dynamo.config.use_recursive_dict_tags_for_guards = True
+        torch._dynamo.config.max_saved_pointers_for_recursive_dict_tags_check = 4096
         self.model.compile(dynamic=False)
         self.compiled = True
 
