@@ -9,6 +9,9 @@ so each chapter adds a fixed cost to `make test`, not one that grows with the nu
 A test that needs something a checkpoint declares (`__capabilities__` in its `__init__.py`, the names in
 `chapters.CAPABILITIES`) says so with `@pytest.mark.requires("paged", ...)`: checkpoints without it are
 not parametrized at all (a test of a structure that a later chapter replaces ends where it goes).
+
+A costly test of code that later chapters carry unchanged is marked `latest_only`: `make test` runs it on
+the latest checkpoint alone (at a chapter's tag, that chapter's own), `make test-all` on every one.
 """
 
 import functools
@@ -38,12 +41,17 @@ def all_checkpoints() -> tuple[chapters.Checkpoint, ...]:
     return tuple(chapters.checkpoints())
 
 
-def checkpoints_for(test_dir: str, required: set[str], every: bool) -> list[chapters.Checkpoint]:
-    """The checkpoints one test of `tests/<test_dir>/` runs against (see the module docstring)."""
+def checkpoints_for(
+    test_dir: str, required: set[str], every: bool, latest_only: bool = False
+) -> list[chapters.Checkpoint]:
+    """The checkpoints one test of `tests/<test_dir>/` runs against (see the module docstring); a test
+    marked `latest_only` runs on the latest alone unless `every`."""
     first = int(CHAPTER_TEST_DIR.match(test_dir).group(1))
     chosen = [point for point in all_checkpoints() if point.number >= first and required <= point.capabilities]
     if not every and len(chosen) > 2:
         chosen = [chosen[0], chosen[-1]]
+    if not every and latest_only:
+        chosen = chosen[-1:]
     return chosen
 
 
@@ -55,7 +63,10 @@ def pytest_generate_tests(metafunc):
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid} requires unknown capabilities {sorted(unknown)}")
     chosen = checkpoints_for(
-        Path(metafunc.definition.path).parent.name, required, every=metafunc.config.getoption("--all-checkpoints")
+        Path(metafunc.definition.path).parent.name,
+        required,
+        every=metafunc.config.getoption("--all-checkpoints"),
+        latest_only=metafunc.definition.get_closest_marker("latest_only") is not None,
     )
     if not chosen:
         raise pytest.UsageError(

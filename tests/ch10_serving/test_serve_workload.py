@@ -67,7 +67,7 @@ def test_serve_quick_runs_chapter_16_forms_and_leaves_no_core(tiny_model_dirs, t
     command = [sys.executable, "-m", "benchmarks", "serve", "--quick", "--model", str(tiny_model_dirs["gqa"])]
     command += [
         "--rosellm",
-        "in-process,split,dp2",
+        "split,dp2",  # in-process is the default form, run by the other quick tests
         "--threads",
         "2",
         "--json",
@@ -75,17 +75,17 @@ def test_serve_quick_runs_chapter_16_forms_and_leaves_no_core(tiny_model_dirs, t
         "--figure",
         str(figure),
     ]
-    uncompiled = dict(os.environ, TORCH_COMPILE_DISABLE="1")  # no speed is read here: four engines start eager
+    uncompiled = dict(os.environ, TORCH_COMPILE_DISABLE="1")  # no speed is read here: three engines start eager
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=uncompiled)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(json_path.read_text())
     assert figure.stat().st_size > 0 and result["correct"] is True
     assert "offline decode step, batch 1" in done.stdout and "TPOT p50 / offline step" in done.stdout
 
-    s, names = result["settings"], ["rosellm-in-process", "rosellm-split", "rosellm-dp2"]
-    assert s["rosellm"] == ["in-process", "split", "dp2"]
+    s, names = result["settings"], ["rosellm-split", "rosellm-dp2"]
+    assert s["rosellm"] == ["split", "dp2"]
     assert [server["server"] for server in result["servers"]] == names
-    assert len({server["label"] for server in result["servers"]}) == 3
+    assert len({server["label"] for server in result["servers"]}) == 2
     for server in result["servers"]:
         assert "error" not in server and server["exit_status"] is not None
         with pytest.raises(ProcessLookupError):
@@ -99,7 +99,7 @@ def test_serve_quick_runs_chapter_16_forms_and_leaves_no_core(tiny_model_dirs, t
         assert r["tpot_over_offline_step"] == pytest.approx(1000 * r["tpot_s"]["p50"] / result["offline_step_ms"], 1e-2)
         assert 0 < r["engine_step_ms"] < 1000 * r["duration_s"]  # the server's own timing of its steps
     agreement = result["agreement"]
-    assert sorted(agreement) == ["rosellm-in-process vs rosellm-dp2", "rosellm-in-process vs rosellm-split"]
+    assert sorted(agreement) == ["rosellm-split vs rosellm-dp2"]
     for rates in agreement.values():
         assert [a["rate"] for a in rates] == s["rates"]
         assert all(a["identical"] == a["requests"] == s["requests"] for a in rates)

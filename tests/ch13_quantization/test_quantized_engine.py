@@ -123,7 +123,8 @@ def smollm2_fp32(checkpoint, quantization: str, gguf_llms: dict):
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("quantization", ["gguf", "int4"])  # gguf runs Q8_0's int8 kernels too (the LM head)
+@pytest.mark.latest_only
+@pytest.mark.parametrize("quantization", ["gguf", "int4"])  # gguf runs Q8_0 too (the LM head, as int4 halves)
 def test_smollm2_bf16_greedy_equals_fp32(checkpoint, smollm2_path, gguf_fp32_llms, monkeypatch, quantization):
     cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
     monkeypatch.setattr(cpu_features, "cpu_has_bf16", lambda: True)

@@ -72,6 +72,7 @@ def chat(llm, question: str) -> str:
     )
 
 
+@pytest.mark.latest_only
 def test_200_answers_under_five_schemas_all_validate(checkpoint, smollm2_llm):
     llm = smollm2_llm
     prompts, params = [], []
