@@ -134,6 +134,13 @@ def test_q8_0_on_the_int4_kernel_reads_back_every_weight(monkeypatch, ql, quanti
     torch.testing.assert_close(layer(torch.eye(IN)), weight.T, rtol=0, atol=1e-6 * weight.abs().max().item())
 
 
+def test_int8_codes_grouped_other_than_by_row_or_by_32_are_refused(ql):
+    codes = torch.zeros(OUT, IN, dtype=torch.int8)
+    weight = ql.QuantizedWeight(codes, torch.ones(OUT, IN // 48), None, offset=0, bits=8, group=48)
+    with pytest.raises(ValueError, match="one row or by 32"):
+        ql.quantized_linear(weight, None, torch.bfloat16)
+
+
 def test_embedding_dequantizes_the_looked_up_rows(ql, quantization):
     head = ql.quantized_linear(quantized_weight(ql, quantization, "Q8_0"), None, torch.float32)
     embedding = ql.QuantizedEmbedding(head, torch.bfloat16)
