@@ -150,10 +150,11 @@ OPERATORS = {matmul: as_operator(matmul) for matmul in (int4_matmul, halves_matm
 
 
 def run_matmul(matmul, x: torch.Tensor, *weights) -> torch.Tensor:
-    """`matmul(x, *weights)` itself where torch.compile traces x as one row (it specializes a size of 1: the
-    one-token graph), the choice made while tracing; else its operator, the choice made at run time."""
-    one_row_traced = torch.compiler.is_compiling() and x.shape[0] == 1
-    return (matmul if one_row_traced else OPERATORS[matmul])(x, *weights)
+    """`matmul(x, *weights)` itself where its choice of kernel can be made at once: in eager code, and where
+    torch.compile traces x as one row (it specializes a size of 1: the one-token graph). A graph of any
+    number of rows calls its operator instead, which chooses at run time."""
+    any_rows_traced = torch.compiler.is_compiling() and x.shape[0] != 1
+    return (OPERATORS[matmul] if any_rows_traced else matmul)(x, *weights)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Which functions write and read the paged KV pool: a backend.
 
 Every backend has the same three methods, and holds nothing between calls:
-    plan(metadata, block_size) -> plan    once per forward, before its first layer: metadata.plan = plan
+    plan(metadata, block_size) -> plan    once per forward, at its first attention: metadata.plan = plan
     store_kv(key, value, key_cache, value_cache, slot_mapping)
     paged_attention(query, key_cache, value_cache, metadata) -> output
 

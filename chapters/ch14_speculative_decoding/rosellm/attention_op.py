@@ -10,7 +10,8 @@ Backends hold nothing between calls, so the operator finds them by name: `regist
 (`metadata.plan`), and the metadata's ints (`max_query_len`, `max_seq_len`), stay out of the graph: an
 object cannot be a graph input, and an int would be guarded on and compiled for each value. The caller runs
 the forward inside `forward_context(metadata)` (vLLM's forward context), and the operator reads them there;
-the metadata's tensors come in as arguments.
+the metadata's tensors come in as arguments. The first operator call of a forward without a plan makes it:
+a forward that never calls the operator (the one-token graph attends by itself) costs no plan.
 """
 
 from collections.abc import Iterator
@@ -68,7 +69,9 @@ def attention(
     # The same dispatch state on every call, however the graph reaches the operator: code compiled inside a
     # backend is guarded on it, and would otherwise be compiled twice.
     with record_function("rosellm.attention"), torch._C._AutoDispatchBelowADInplaceOrView():
-        running = _context[-1]
+        running, chosen = _context[-1], BACKENDS[backend]
+        if running.plan is None:  # the forward's first attention: plan once for every layer
+            running.plan = chosen.plan(running, keys.shape[2])
         metadata = AttentionMetadata(
             running.positions,
             slot_mapping,
@@ -80,7 +83,7 @@ def attention(
             running.max_seq_len,
             running.plan,
         )
-        chosen, key_cache, value_cache = BACKENDS[backend], keys[layer], values[layer]
+        key_cache, value_cache = keys[layer], values[layer]
         chosen.store_kv(key, value, key_cache, value_cache, slot_mapping)  # write through the slot mapping
         return chosen.paged_attention(query, key_cache, value_cache, metadata)  # read through the block tables
 

@@ -83,7 +83,6 @@ class ModelRunner:
                 tables = torch.zeros((len(rows), self.max_blocks_per_seq), dtype=torch.int32)
                 metadata = AttentionMetadata.build(new_lens, seq_lens, tables, block_size, self.device)
                 metadata.slot_mapping.fill_(-1)
-                metadata.plan = self.attention_backend.plan(metadata, block_size)
                 input_ids = torch.zeros(sum(new_lens), dtype=torch.long, device=self.device)
                 self.model.compute_logits(self.model(input_ids, metadata, self.kv_pool))
 
@@ -98,8 +97,7 @@ class ModelRunner:
             inputs.num_new_tokens, inputs.seq_lens, block_tables, self.kv_pool.block_size, self.device
         )
         input_ids = torch.tensor(inputs.token_ids, device=self.device)  # [num_tokens]
-        metadata.plan = self.attention_backend.plan(metadata, self.kv_pool.block_size)
-        return self.model(input_ids, metadata, self.kv_pool)
+        return self.model(input_ids, metadata, self.kv_pool)  # the backend plans at the first attention
 
     @torch.inference_mode()
     def sampling_logits(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
