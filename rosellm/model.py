@@ -14,7 +14,6 @@ how many) and the two row-parallel projections, `o_proj` and `down_proj`, are fo
 """
 
 import math
-import types
 
 import torch
 import torch.nn.functional as F
@@ -241,20 +240,16 @@ class LlamaForCausalLM(nn.Module):
 
     def compile_step(self) -> None:
         """Compile `LlamaModel.forward` as one graph (its sizes that vary from step to step are symbolic,
-        see `mark_dynamic_sizes`). torch.compile keeps its graphs with a function's code, which every model
-        in the process shares, and tells the models apart by guards checked before each call: on every weight
-        and attribute, thousands here (a quantized layer holds six tensors), half a millisecond a step. This
-        model gets a copy of the code of its own, so the graphs are its own too, and the guards on its
-        modules are left out (torch's `skip_guard_on_all_nn_modules_unsafe`: safe because nothing changes
-        them once compiled, weights, quantized layers and attention backend all being in place before this
-        call); the step's inputs are still checked. The compiled code also leaves out its checks of each
-        kernel's inputs' and output's sizes and strides (550 a step at batch 1): a compiler's own consistency
-        checks, not the model's (a process-wide setting, like every `torch._inductor` setting)."""
+        see `mark_dynamic_sizes`). Before each call torch.compile checks that its inputs still are what the
+        graph was traced for: a guard per weight, hundreds here (a quantized layer holds six tensors), about
+        a millisecond a step. Checked by dict tags, a module whose attributes were not reassigned since is
+        passed as one check. And the compiled code leaves out its checks of each kernel's inputs' and output's
+        sizes and strides (550 a step at batch 1, 0.2 ms): a compiler's own consistency checks, not the
+        model's. Both settings are process-wide, like every `torch._dynamo` and `torch._inductor` setting."""
+        torch._dynamo.config.use_recursive_dict_tags_for_guards = True
+        torch._dynamo.config.max_saved_pointers_for_recursive_dict_tags_check = 4096
         torch._inductor.config.size_asserts = False
-        forward = LlamaModel.forward
-        own_copy = types.FunctionType(forward.__code__.replace(), forward.__globals__, forward.__name__)
-        guards = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        self.model.forward = torch.compile(types.MethodType(own_copy, self.model), dynamic=False, options=guards)
+        self.model.compile(dynamic=False)
         self.compiled = True
 
     def set_attention_backend(self, backend) -> None:
