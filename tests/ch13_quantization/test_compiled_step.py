@@ -101,3 +101,18 @@ def test_profiler_sees_every_layers_attention(checkpoint, tiny_model_dirs):
     labels = [event for event in prof.events() if event.name == "rosellm.attention"]
     assert len(labels) == engine.model.config.num_hidden_layers
     assert all(part_of(event) == "attention" for event in labels)
+
+
+def test_a_forward_plans_once_and_the_one_token_graph_not_at_all(checkpoint, tiny_model_dirs, monkeypatch):
+    """The attention operator plans at a forward's first layer, once for all of them; one sequence decoding
+    runs the one-token graph, whose attention is its own, so it makes no plan."""
+    llm_engine = engine(checkpoint, tiny_model_dirs["gqa"], 4, 64, {})
+    backend, plans = llm_engine.model_runner.attention_backend, []
+    plan = backend.plan
+    monkeypatch.setattr(backend, "plan", lambda *args: plans.append(1) or plan(*args))
+    llm_engine.add_request("one", prompt(0, 9), checkpoint.SamplingParams(temperature=0, max_tokens=5))
+    llm_engine.step()  # the prompt: one forward of 9 tokens through the operators
+    assert len(plans) == 1
+    while llm_engine.has_unfinished_requests():
+        llm_engine.step()  # four decode steps of one token each
+    assert len(plans) == 1
