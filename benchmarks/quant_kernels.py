@@ -10,7 +10,13 @@ the cache; the LM head, larger than any cache, once), x [rows, in_features] at e
   int4pack       `torch.ops.aten._weight_int4pack_mm_for_cpu`: int4 codes in groups of 32, a scale and a
                  minimum per group
 each with fp32 activations and with bf16 ones (the dense kernels in their own dtype only). Times are the median
-of `repeats` passes over the copies (milliseconds), after one unmeasured pass. A step's time at a row count is
+of `repeats` passes over the copies (milliseconds), after one unmeasured pass.
+
+Beside them, the decode attention of the "cpu" backend, both ways it can run: the tensor algebra compiled by
+Inductor (`compiled_decode_attention`) and the C kernel (`kernel_decode_attention`), in fp32 and bf16, for
+batches of `attention_batches` sequences whose lengths are drawn uniformly from `attention_context` (seed 0),
+SmolLM2's heads, blocks of 16 in shuffled order, a pool per layer: ms for all the layers of one step, and the
+keys and values read per second. A step's time at a row count is
 the sum over a decoder layer's shapes times the layers, plus the LM head. A kernel's crossover is the smallest
 measured row count at which the dense kernel of its activation dtype takes less time for a step: below it, the
 kernel is the faster one. The machine description lists the CPU's vector and matrix extensions (`cpu_flags`).
@@ -18,8 +24,11 @@ kernel is the faster one. The machine description lists the CPU's vector and mat
     python -m benchmarks quant-kernels [--rows 1,4,16] [--quick]
 """
 
+import functools
 import importlib
+import itertools
 import json
+import random
 import statistics
 import sys
 import time
@@ -34,7 +43,10 @@ HELP = "chapter 13: ms per layer of dense fp32/bf16, int8pack and int4pack matmu
 CHAPTER = 13
 
 FULL = {"rows": [1, 2, 4, 8, 16, 32, 64], "copies": 30, "repeats": 5}
-QUICK = {"rows": [1, 4], "copies": 2, "repeats": 2}
+FULL |= {"attention_batches": [1, 16, 64], "attention_context": [128, 640]}
+QUICK = {"rows": [1, 4], "copies": 2, "repeats": 2, "attention_batches": [1, 4], "attention_context": [8, 40]}
+ATTENTION = ("compiled", "C kernel")  # decode attention's two ways
+BLOCK_SIZE = 16
 GROUP = 32  # int4pack's group size
 KERNELS = {  # name -> (activation dtypes, the dense kernel of each activation dtype it is compared with)
     "fp32 dense": ["float32"],
@@ -64,16 +76,26 @@ def shapes(config) -> list[dict]:
 
 def measure(args, s: dict) -> dict:
     point = chapters.checkpoint(CHAPTER)
-    spec = dict(module=point.module, threads=args.threads, shapes=shapes(harness.model_config(args.model)))
+    config = harness.model_config(args.model)
+    spec = dict(module=point.module, threads=args.threads, shapes=shapes(config))
     spec |= dict(rows=s["rows"], copies=s["copies"], repeats=s["repeats"])
+    spec |= dict(batches=s["attention_batches"], context=s["attention_context"], heads=attention_shape(config))
     argv = [sys.executable, "-m", "benchmarks.quant_kernels"]
     timed = harness.run_process(argv, spec, "quant kernels", harness.python_environment())
     rows = timed.get("rows", [])
     per_step = step_times(rows, spec["shapes"])
     out = dict(settings=s, checkpoint=point.module, shapes=spec["shapes"], rows=rows, per_step=per_step)
+    out |= dict(attention_shape=spec["heads"], attention=timed.get("attention", []))
     errors = timed.get("errors", []) + ([timed["error"]] if "error" in timed else [])
     out |= dict(crossover_rows=crossovers(per_step), errors=errors)
     return out | {"correct": bool(rows) and not out["errors"]}
+
+
+def attention_shape(config) -> dict:
+    c = config
+    return dict(
+        heads=c.num_attention_heads, kv_heads=c.num_key_value_heads, head_dim=c.head_dim, layers=c.num_hidden_layers
+    )
 
 
 def step_times(rows: list[dict], all_shapes: list[dict]) -> list[dict]:
@@ -151,13 +173,50 @@ def time_one(multiply, prepared: list, rows: int, in_features: int, activation: 
     import torch
 
     x = torch.randn(rows, in_features).to(getattr(torch, activation))  # [rows, in]
+    return ms_per_item(lambda p: multiply(x, p), prepared, repeats)
+
+
+def ms_per_item(call, items: list, repeats: int) -> float:
+    """The median of `repeats` passes of `call` over every item, after one unmeasured pass, per item."""
     passes = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
-        for p in prepared:
-            multiply(x, p)
+        for item in items:
+            call(item)
         passes.append(time.perf_counter() - start)
-    return 1000 * statistics.median(passes[1:]) / len(prepared)
+    return 1000 * statistics.median(passes[1:]) / len(items)
+
+
+def time_attention(spec: dict) -> list[dict]:
+    """Decode attention at each batch, compiled and by the C kernel, in fp32 and bf16: ms per step."""
+    import torch
+
+    cpu_attention = importlib.import_module(f"{spec['module']}.cpu_attention")
+    ways = {"compiled": cpu_attention.compiled_decode_attention, "C kernel": cpu_attention.kernel_decode_attention}
+    h, rows = spec["heads"], []
+    for name, batch in itertools.product(("float32", "bfloat16"), spec["batches"]):
+        dtype, draw = getattr(torch, name), random.Random(batch)
+        lens = [draw.randint(*spec["context"]) for _ in range(batch)]
+        counts = [-(-n // BLOCK_SIZE) for n in lens]
+        order = torch.randperm(sum(counts), generator=torch.Generator().manual_seed(0))
+        tables = torch.zeros(batch, max(counts), dtype=torch.long)  # [batch, blocks]: shuffled, none shared
+        for b, (start, n) in enumerate(zip(itertools.accumulate(counts, initial=0), counts)):
+            tables[b, :n] = order[start : start + n]
+        shape = (sum(counts), BLOCK_SIZE, h["kv_heads"], h["head_dim"])  # one layer's pool
+        pools = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(h["layers"])]
+        query = torch.randn(batch, h["heads"], h["head_dim"]).to(dtype)  # [batch, heads, head_dim]
+        seq_lens = torch.tensor(lens)
+        read = 2 * sum(lens) * h["kv_heads"] * h["head_dim"] * query.element_size() * h["layers"]  # bytes a step
+        for way, attend in ways.items():
+            call = functools.partial(attend_layer, attend, query, tables, seq_lens)
+            step_ms = h["layers"] * ms_per_item(call, pools, spec["repeats"])
+            row = dict(way=way, dtype=name, batch=batch, keys=sum(lens), ms_per_step=round(step_ms, 3))
+            rows.append(row | {"gb_per_s": round(read / step_ms / 1e6, 2)})
+    return rows
+
+
+def attend_layer(attend, query, tables, seq_lens, pool: tuple):
+    return attend(query, *pool, tables, seq_lens)
 
 
 def main(spec_path: str, out_path: str) -> None:
@@ -167,7 +226,7 @@ def main(spec_path: str, out_path: str) -> None:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     with torch.inference_mode():
-        result = time_kernels(spec)
+        result = time_kernels(spec) | {"attention": time_attention(spec)}
     Path(out_path).write_text(json.dumps(result))
 
 
@@ -185,6 +244,9 @@ def report(result: dict) -> None:
     print("\nquant-kernels: ms for every matrix of a step")
     harness.print_table(list(table.values()), columns)
     print(f"crossover rows (dense faster from): {result['crossover_rows']}")
+    print("\ndecode attention: ms for every layer of a step")
+    attention_columns = {"way": "way", "dtype": "dtype", "batch": "sequences", "keys": "keys"}
+    harness.print_table(result["attention"], attention_columns | {"ms_per_step": "ms", "gb_per_s": "GB/s"})
 
 
 def plot(result: dict, path) -> None:

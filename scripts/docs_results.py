@@ -17,6 +17,7 @@ A line of its own in a page
     <!-- measured: chapter-row NN -->                          chapter NN's row of the `chapters` workload
     <!-- measured: batch-one FILE.json -->                     chapter 13: every weight format and peer at batch 1
     <!-- measured: quant-kernels FILE.json -->                 chapter 13: the linear kernels at 1 to 64 rows
+    <!-- measured: decode-attention FILE.json -->              chapter 13: decode attention, compiled and in C
     <!-- measured: perplexity FILE.json -->                    chapter 13: perplexity and greedy agreement per format
     <!-- measured: speculative FILE.json -->                   chapter 14: speculation's speed, acceptance, tokens
     <!-- measured: structured FILE.json -->                    chapter 15: the grammar's cost per step, compiling
@@ -590,6 +591,32 @@ def block_quant_kernels(results: Path, name: str) -> str:
     )
 
 
+def block_decode_attention(results: Path, name: str) -> str:
+    """quant-kernels' decode attention: the compiled tensor algebra against the C kernel, per dtype and batch."""
+    result = load(results, name)
+    ms = {(r["dtype"], r["batch"], r["way"]): r for r in result["attention"]}
+    rows = []
+    for dtype, batch in dict.fromkeys((r["dtype"], r["batch"]) for r in result["attention"]):
+        compiled, kernel = ms[dtype, batch, "compiled"], ms[dtype, batch, "C kernel"]
+        rows.append(
+            [
+                dtype,
+                str(batch),
+                f"{compiled['keys']:,}",
+                f"{compiled['ms_per_step']:.1f}",
+                f"{kernel['ms_per_step']:.1f}",
+            ]
+            + [f"{compiled['ms_per_step'] / kernel['ms_per_step']:.1f}×", f"{kernel['gb_per_s']:.1f}"]
+        )
+    low, high = result["settings"]["attention_context"]
+    return (
+        run_line(result)
+        + f"\nDecode attention, milliseconds for the {result['attention_shape']['layers']} layers of one step, "
+        f"sequences of {low} to {high} tokens in blocks of 16:\n\n"
+        + table(["dtype", "sequences", "keys", "compiled (ms)", "C kernel (ms)", "C kernel is", "C kernel GB/s"], rows)
+    )
+
+
 def block_perplexity(results: Path, name: str) -> str:
     result = load(results, name)
     rows = []
@@ -755,6 +782,7 @@ BLOCKS = {
     "chapter-row": block_chapter_row,
     "batch-one": block_batch_one,
     "quant-kernels": block_quant_kernels,
+    "decode-attention": block_decode_attention,
     "perplexity": block_perplexity,
     "speculative": block_speculative,
     "structured": block_structured,

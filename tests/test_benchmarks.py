@@ -232,6 +232,12 @@ def test_quant_kernels_quick(tiny_gqa, tmp_path):
         "int4pack (float32)",
     }
     assert all(rows in (None, 1, 4) for rows in result["crossover_rows"].values())
+    attention = {(r["way"], r["dtype"], r["batch"]): r for r in result["attention"]}
+    assert set(attention) == {
+        (w, d, b) for w in ("compiled", "C kernel") for d in ("float32", "bfloat16") for b in (1, 4)
+    }
+    assert all(r["ms_per_step"] > 0 and r["gb_per_s"] > 0 and 8 * r["batch"] <= r["keys"] for r in attention.values())
+    assert result["attention_shape"]["layers"] == harness.model_config(tiny_gqa).num_hidden_layers
 
 
 @pytest.mark.workload("speculative")

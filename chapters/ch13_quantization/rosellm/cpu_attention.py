@@ -5,13 +5,16 @@ that is the whole KV cache written once more and read twice, and SDPA's CPU kern
 per sequence. Here:
 - a group of decode rows is one function of the pool and the block tables, written as plain tensor algebra
   (a gather, a product summed over head_dim, a softmax, a weighted sum over keys); torch.compile (Inductor)
-  turns it into loops that load each key and value from its block where it lies;
+  turns it into loops that load each key and value from its block where it lies. Where the pool holds fp32
+  or bf16 and a C compiler works, the same function written by hand in C (decode_attention.c) runs instead:
+  it reads each block once, front to back, and keeps its sums in vector registers;
 - a prompt with nothing cached before this step attends to its own new keys and values, read from the
   slots `store_kv` has just written (a copy the size of the prompt's keys): causal SDPA on them, with no
   padding and no mask;
 - a prompt chunk after a cached or computed beginning goes to the grouped backend it holds.
 """
 
+import ctypes
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -19,6 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from . import c_kernels
 from .attention_metadata import AttentionMetadata
 from .grouped_attention import GroupedAttentionBackend, GroupedAttentionPlan, GroupPlan, row_groups
 from .paged_attention import store_kv
@@ -75,6 +79,42 @@ def compiled_decode_attention(query, key_cache, value_cache, block_tables, seq_l
     return _compiled()(query, key_cache, value_cache, block_tables, seq_lens)
 
 
+KERNEL_ELEMENTS = {torch.float32: ("float", 0), torch.bfloat16: ("uint16_t", 1)}  # dtype -> (SCALAR, BF16)
+
+
+@functools.cache
+def _kernel(dtype: torch.dtype, head_dim: int, group: int, kv_heads: int, block_size: int) -> Callable | None:
+    """decode_attention.c compiled for one model's shapes, or None where it does not serve them."""
+    if dtype not in KERNEL_ELEMENTS or head_dim % 16:
+        return None
+    scalar, bf16 = KERNEL_ELEMENTS[dtype]
+    shapes = dict(HEAD_DIM=head_dim, GROUP=group, KV_HEADS=kv_heads, BLOCK_SIZE=block_size)
+    library = c_kernels.load("decode_attention", SCALAR=scalar, BF16=bf16, **shapes)
+    if library is None:
+        return None
+    kernel = library.decode_attention
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    kernel.argtypes = [pointer] * 6 + [size, size, ctypes.c_float, ctypes.c_int]
+    kernel.restype = None
+    return kernel
+
+
+def kernel_decode_attention(query, key_cache, value_cache, block_tables, seq_lens) -> torch.Tensor:
+    """`decode_attention` by the C kernel, where it serves the shapes and dtype; else compiled."""
+    batch, heads, head_dim = query.shape
+    block_size, kv_heads = key_cache.shape[1:3]
+    kernel = _kernel(query.dtype, head_dim, heads // kv_heads, kv_heads, block_size)
+    tensors = (query, key_cache, value_cache, block_tables, seq_lens)
+    same_dtype = key_cache.dtype == value_cache.dtype == query.dtype
+    long_indices = block_tables.dtype == seq_lens.dtype == torch.long
+    if kernel is None or not (same_dtype and long_indices and all(t.is_contiguous() for t in tensors)):
+        return compiled_decode_attention(*tensors)
+    out = torch.empty_like(query)
+    pointers = [t.data_ptr() for t in (*tensors, out)]
+    kernel(*pointers, batch, block_tables.shape[1], head_dim**-0.5, torch.get_num_threads())
+    return out
+
+
 @dataclass
 class CpuPlan:
     """What `CpuAttentionBackend.plan` makes for one forward."""
@@ -119,7 +159,7 @@ class CpuAttentionBackend:
             raise RuntimeError("this forward has no plan: set metadata.plan = backend.plan(metadata, block_size)")
         out = self.grouped.paged_attention(query, key_cache, value_cache, replace(metadata, plan=plan.others))
         for group in plan.decode_groups:
-            out[group.tokens] = compiled_decode_attention(
+            out[group.tokens] = kernel_decode_attention(
                 query[group.tokens], key_cache, value_cache, group.block_tables, group.seq_lens
             )
         keys, values = key_cache.flatten(0, 1), value_cache.flatten(0, 1)  # [slots, kv_heads, head_dim]
