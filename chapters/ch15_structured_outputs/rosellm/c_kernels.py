@@ -56,7 +56,7 @@ def load(name: str, **defines: str | int) -> ctypes.CDLL | None:
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f"{target.name}.{os.getpid()}")  # processes compiling at once each write their own
-        objects = partial.with_suffix(".o")
+        objects = target.with_name(f"{target.name}.{os.getpid()}.o")
         for flags in FLAG_SETS:
             compile_step = [cc, *flags, "-fPIC", *macros, "-c", str(source), "-o", str(objects)]
             link = [cc, *(f for f in flags if f == "-fopenmp"), "-shared", str(objects), "-o", str(partial), "-lm"]
