@@ -77,7 +77,7 @@ def test_shapes_it_does_not_serve_go_to_the_compiled_path(checkpoint, dtype, hea
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
 
 
-def test_compiled_once_per_shapes_into_the_cache_and_none_without_a_compiler(checkpoint, tmp_path, monkeypatch):
+def test_compiled_once_per_shapes_into_the_cache_and_none_where_it_cannot_be(checkpoint, tmp_path, monkeypatch):
     load = checkpoint.c_kernels.load.__wrapped__  # the uncached function: every call looks at the disk
     shapes = dict(SCALAR="float", BF16=0, HEAD_DIM=16, GROUP=2, KV_HEADS=2, BLOCK_SIZE=4)
     monkeypatch.setenv("ROSELLM_CACHE", str(tmp_path))
@@ -91,6 +91,11 @@ def test_compiled_once_per_shapes_into_the_cache_and_none_without_a_compiler(che
     monkeypatch.setenv("CC", "false")  # a compiler that fails whatever it is given
     assert load("decode_attention", **shapes | {"BLOCK_SIZE": 2}) is None
     assert len(list((tmp_path / "kernels").iterdir())) == 2  # and leaves nothing behind
+    monkeypatch.delenv("CC")
+    unwritable = tmp_path / "a-file"
+    unwritable.write_text("")
+    monkeypatch.setenv("ROSELLM_CACHE", str(unwritable))  # its kernels folder cannot be made
+    assert load("decode_attention", **shapes | {"BLOCK_SIZE": 2}) is None
 
 
 def test_loading_a_kernel_leaves_subnormal_numbers_alone(checkpoint):

@@ -44,7 +44,8 @@ def cpu_description() -> str:
 
 @functools.cache
 def load(name: str, **defines: str | int) -> ctypes.CDLL | None:
-    """`name`.c of this package compiled with `defines` (-DKEY=VALUE), loaded; None where it cannot be."""
+    """`name`.c of this package compiled with `defines` (-DKEY=VALUE), loaded; None where it cannot be (no
+    compiler, a compiler that fails, a cache that cannot be written)."""
     from .loader import cache_dir  # here: the loader imports the model, whose attention imports us
 
     cc, source = compiler(), Path(__file__).with_name(f"{name}.c")
@@ -53,18 +54,26 @@ def load(name: str, **defines: str | int) -> ctypes.CDLL | None:
     macros = [f"-D{key}={value}" for key, value in sorted(defines.items())]
     key = hashlib.sha256("\n".join([source.read_text(), *macros, cpu_description(), cc]).encode()).hexdigest()
     target = cache_dir() / "kernels" / f"{name}-{key[:16]}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{target.name}.{os.getpid()}")  # processes compiling at once each write their own
-        objects = target.with_name(f"{target.name}.{os.getpid()}.o")
+    try:
+        if not target.exists() and not build(cc, source, macros, target):
+            return None
+        return ctypes.CDLL(str(target))
+    except OSError:
+        return None
+
+
+def build(cc: str, source: Path, macros: list[str], target: Path) -> bool:
+    """Compile `source` into the shared library `target`, with the first flag set that works."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}")  # processes compiling at once each write their own
+    objects = target.with_name(f"{target.name}.{os.getpid()}.o")
+    try:
         for flags in FLAG_SETS:
             compile_step = [cc, *flags, "-fPIC", *macros, "-c", str(source), "-o", str(objects)]
             link = [cc, *(f for f in flags if f == "-fopenmp"), "-shared", str(objects), "-o", str(partial), "-lm"]
             if all(subprocess.run(step, capture_output=True).returncode == 0 for step in (compile_step, link)):
-                objects.unlink()
                 os.replace(partial, target)
-                break
-        else:
-            objects.unlink(missing_ok=True)
-            return None
-    return ctypes.CDLL(str(target))
+                return True
+        return False
+    finally:
+        objects.unlink(missing_ok=True)
