@@ -109,10 +109,21 @@ def kernel_decode_attention(query, key_cache, value_cache, block_tables, seq_len
     long_indices = block_tables.dtype == seq_lens.dtype == torch.long
     if kernel is None or not (same_dtype and long_indices and all(t.is_contiguous() for t in tensors)):
         return compiled_decode_attention(*tensors)
+    check_bounds(block_tables, seq_lens, key_cache.shape[0], block_size)
     out = torch.empty_like(query)
     pointers = [t.data_ptr() for t in (*tensors, out)]
     kernel(*pointers, batch, block_tables.shape[1], head_dim**-0.5, torch.get_num_threads())
     return out
+
+
+def check_bounds(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int) -> None:
+    """The C kernel reads wherever the tables point: an IndexError here, not a read outside the pool."""
+    lowest_block, highest_block = (int(v) for v in torch.aminmax(block_tables))
+    shortest, longest = (int(v) for v in torch.aminmax(seq_lens))
+    if lowest_block < 0 or highest_block >= num_blocks:
+        raise IndexError(f"block tables name blocks {lowest_block}..{highest_block}, outside 0..{num_blocks - 1}")
+    if shortest < 1 or longest > block_tables.shape[1] * block_size:
+        raise IndexError(f"sequence lengths {shortest}..{longest} outside 1..{block_tables.shape[1] * block_size}")
 
 
 @dataclass

@@ -104,3 +104,20 @@ def test_loading_a_kernel_leaves_subnormal_numbers_alone(checkpoint):
     assert kernel_served(checkpoint, torch.float32, 4, 2, 16, 16)  # a library is loaded
     assert 5e-324 * 2.0 > 0  # the smallest subnormal double survives a multiply
     assert (torch.tensor([1e-40]) * 2).item() > 0  # and a subnormal float, in PyTorch's kernels
+
+
+@pytest.mark.parametrize("broken", ["block past the pool", "negative block", "longer than its table", "empty"])
+def test_tables_that_point_outside_the_pool_raise_before_the_kernel_reads(checkpoint, broken):
+    seq_lens, query_lens = [5, 16, 23], [1, 1, 1]
+    query, key_cache, value_cache, metadata, _, _ = make_problem(checkpoint, seq_lens, query_lens, 16, 4, 2, 16)
+    tables, lens = metadata.block_tables.clamp(min=0).long(), metadata.seq_lens.long()
+    if broken == "block past the pool":
+        tables[1, 0] = key_cache.shape[0]
+    elif broken == "negative block":
+        tables[2, 1] = -1
+    elif broken == "longer than its table":
+        lens[0] = tables.shape[1] * 16 + 1
+    else:
+        lens[1] = 0
+    with pytest.raises(IndexError):
+        checkpoint.cpu_attention.kernel_decode_attention(query, key_cache, value_cache, tables, lens)
