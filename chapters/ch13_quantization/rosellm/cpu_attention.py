@@ -7,7 +7,8 @@ per sequence. Here:
   (a gather, a product summed over head_dim, a softmax, a weighted sum over keys); torch.compile (Inductor)
   turns it into loops that load each key and value from its block where it lies. Where the pool holds fp32
   or bf16 and a C compiler works, the same function written by hand in C (decode_attention.c) runs instead:
-  it reads each block once, front to back, and keeps its sums in vector registers;
+  it reads each block front to back, for the scores and then for the values, and keeps its sums in vector
+  registers;
 - a prompt with nothing cached before this step attends to its own new keys and values, read from the
   slots `store_kv` has just written (a copy the size of the prompt's keys): causal SDPA on them, with no
   padding and no mask;
@@ -100,7 +101,11 @@ def _kernel(dtype: torch.dtype, head_dim: int, group: int, kv_heads: int, block_
 
 
 def kernel_decode_attention(query, key_cache, value_cache, block_tables, seq_lens) -> torch.Tensor:
-    """`decode_attention` by the C kernel, where it serves the shapes and dtype; else compiled."""
+    """`decode_attention` by the C kernel, where it serves the shapes and dtype; else compiled.
+
+    query [batch, heads, head_dim]; key_cache, value_cache [num_blocks, block_size, kv_heads, head_dim];
+    block_tables [batch, blocks] and seq_lens [batch], int64 -> [batch, heads, head_dim]
+    """
     batch, heads, head_dim = query.shape
     block_size, kv_heads = key_cache.shape[1:3]
     kernel = _kernel(query.dtype, head_dim, heads // kv_heads, kv_heads, block_size)

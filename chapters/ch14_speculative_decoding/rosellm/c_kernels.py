@@ -75,5 +75,6 @@ def build(cc: str, source: Path, macros: list[str], target: Path) -> bool:
                 os.replace(partial, target)
                 return True
         return False
-    finally:
+    finally:  # whatever a failed step left
         objects.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
