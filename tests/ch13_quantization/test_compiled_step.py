@@ -2,7 +2,8 @@
 norm) is one torch.compile graph per shape, attention a custom operator in it. It gives what the eager
 reference gives, token for token, under chunked prompts, preemption, prefix hits and n > 1; it is compiled at
 start and never again while sequences grow over many blocks; the profiler still sees each layer's
-attention. (That `enforce_eager` compiles nothing is chapter 11's test.)"""
+attention; the rotary tables it looks up hold transformers' cos and sin exactly. (That `enforce_eager`
+compiles nothing is chapter 11's test.)"""
 
 import pytest
 import torch
@@ -116,3 +117,15 @@ def test_a_forward_plans_once_and_the_one_token_graph_not_at_all(checkpoint, tin
     while llm_engine.has_unfinished_requests():
         llm_engine.step()  # four decode steps of one token each
     assert len(plans) == 1
+
+
+@pytest.mark.parametrize("name", ["gqa", "llama3_rope"])
+def test_rotary_tables_are_transformers_cos_and_sin_bit_for_bit(checkpoint, tiny_model_dirs, tiny_hf_models, name):
+    """cos and sin are looked up in tables made at load (computed in the step, the compiled step evaluated
+    them again for every key attention scored): every position's row is exactly what transformers computes."""
+    rotary = checkpoint.LLMEngine(str(tiny_model_dirs[name]), enforce_eager=True).model.model.rotary_emb
+    reference = tiny_hf_models[name].model.rotary_emb
+    positions = torch.arange(rotary.cos_table.shape[0])
+    cos, sin = rotary(positions)  # [positions, head_dim]
+    expected_cos, expected_sin = reference(torch.zeros(1, len(positions), 1), positions[None])
+    assert torch.equal(cos, expected_cos[0]) and torch.equal(sin, expected_sin[0])
