@@ -66,7 +66,8 @@ class Scheduler:
 
     With speculative decoding, a decoding sequence may come with drafts: tokens proposed to follow its last
     one. It then runs them too (a short chunk: its last token and the drafts), as many as the budget and the
-    free blocks allow; nobody is preempted to make room for a draft.
+    free blocks allow, once every later decoding sequence's one token is set aside; nobody is preempted to
+    make room for a draft, and no decode waits for one.
 
     `schedule` changes the bookkeeping at once (the forward needs real block ids) and records how to
     undo it: `rollback(plan)` puts everything back if the step fails.
@@ -152,10 +153,12 @@ class Scheduler:
         budget, preempted = self.max_num_batched_tokens, []
         decoding = [seq for seq in self.running if seq.num_uncomputed_tokens == 1]
         prefilling = [seq for seq in self.running if seq.num_uncomputed_tokens > 1]
-        for seq in decoding + prefilling:
+        for position, seq in enumerate(decoding + prefilling):
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # already preempted to make room for an older sequence
-            num_new = min(seq.num_uncomputed_tokens + len(drafts.get(seq, ())), budget)
+            # Drafts never take the one token each later decode needs: every decoding sequence advances.
+            reserved = sum(later.status is SequenceStatus.RUNNING for later in decoding[position + 1 :])
+            num_new = min(seq.num_uncomputed_tokens + len(drafts.get(seq, ())), budget - reserved)
             if num_new == 0:
                 break  # the budget is spent: the remaining chunks wait for the next step
             while num_new > seq.num_uncomputed_tokens and not self.block_manager.can_grow(

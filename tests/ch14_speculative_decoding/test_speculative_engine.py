@@ -356,3 +356,74 @@ def test_smollm2_copying_its_prompt_with_ngram_equals_plain_greedy(checkpoint, s
     assert answers[1] == answers[0]
     counts = output.spec_decode
     assert len(output.token_ids) / (len(output.token_ids) - counts.num_accepted_tokens) > 1.5, counts
+
+
+def test_drafts_never_starve_the_decodes_at_the_end_of_the_running_queue(checkpoint, tiny_model_dirs):
+    """16 sequences decoding with 4 drafts each want 80 tokens of a budget of 32: the drafts share what the
+    16 decodes leave, and every sequence gets a token every step."""
+    llm_engine = checkpoint.LLMEngine(
+        str(tiny_model_dirs["gqa"]),
+        block_size=BLOCK_SIZE,
+        max_num_batched_tokens=32,
+        max_num_seqs=16,
+        speculative_config=draft_of(tiny_model_dirs["gqa"]) | {"num_speculative_tokens": 4},
+        **REFERENCE,
+    )
+    params = checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for index in range(16):
+        llm_engine.add_request(str(index), prompt(index, 2), params)
+    full_steps = 0
+    while llm_engine.has_unfinished_requests():
+        decoding = {seq.request_id for seq in llm_engine.scheduler.running if seq.output_token_ids}
+        advanced = {output.request_id for output in llm_engine.step()}
+        assert decoding <= advanced, f"starved: {sorted(decoding - advanced, key=int)}"
+        full_steps += len(decoding) == 16
+    assert full_steps >= 2
+    assert llm_engine.stats().spec_decode.num_accepted_tokens > 0
+
+
+def test_a_preempted_sequence_gives_its_draft_pool_blocks_back(checkpoint, tiny_model_dirs):
+    """Under a pool that preempts, the draft model holds records (and blocks) for running sequences only, so
+    its pool, as small as the target's, never fills with the preempted ones' and drafting goes on to the end."""
+    llm_engine = engine(checkpoint, tiny_model_dirs["gqa"], draft_of(tiny_model_dirs["gqa"]), **REFERENCE)
+    proposer, preemptions, drafts_after_preemption = llm_engine.proposer, 0, 0
+    schedule = llm_engine.scheduler.schedule
+
+    def counting_schedule(*args):
+        nonlocal preemptions
+        plan = schedule(*args)
+        preemptions += len(plan.preempted)
+        return plan
+
+    llm_engine.scheduler.schedule = counting_schedule
+    for index, (_, tokens, max_tokens) in enumerate(REQUESTS):
+        llm_engine.add_request(str(index), tokens, greedy(checkpoint)(index, max_tokens))
+    while llm_engine.has_unfinished_requests():
+        drafts = llm_engine.stats().spec_decode.num_drafts
+        llm_engine.step()
+        assert set(proposer.records) <= set(llm_engine.scheduler.running)
+        if preemptions:
+            drafts_after_preemption += llm_engine.stats().spec_decode.num_drafts - drafts
+    assert preemptions > 0 and drafts_after_preemption > 0
+    assert proposer.num_free_blocks == proposer.num_total_blocks
+
+
+def test_drafts_dropped_after_a_stop_inside_an_accepted_run_are_not_counted(checkpoint, tiny_model_dirs):
+    """A draft model that is the target itself has every draft accepted; a stop token at the first or second
+    of a run of 3 ends the answer there, and the counts say what was kept: the drafts up to the stop, not
+    the ones after it nor the target's own token."""
+    plain = engine(checkpoint, tiny_model_dirs["gqa"], budget=64, **REFERENCE)
+    plain.add_request("0", prompt(0, 12), checkpoint.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    while plain.has_unfinished_requests():
+        (output,) = plain.step()
+    tokens = output.token_ids
+    stop_at = next(i for i in (2, 1) if tokens[i] not in tokens[:i])  # drafts 1 .. 3 follow token 0
+    speculative = engine(checkpoint, tiny_model_dirs["gqa"], draft_of(tiny_model_dirs["gqa"]), budget=64, **REFERENCE)
+    params = checkpoint.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop_token_ids=[tokens[stop_at]])
+    speculative.add_request("0", prompt(0, 12), params)
+    while speculative.has_unfinished_requests():
+        (output,) = speculative.step()
+    assert output.token_ids == tokens[: stop_at + 1] and output.finish_reason == "stop"
+    assert output.spec_decode.num_draft_tokens == 3
+    assert output.spec_decode.num_accepted_tokens == stop_at
+    assert speculative.stats().spec_decode == output.spec_decode

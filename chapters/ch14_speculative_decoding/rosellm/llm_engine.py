@@ -197,6 +197,7 @@ class LLMEngine:
             proposed = {seq: draft.token_ids for seq, draft in drafts.items()}
             plan = self.scheduler.schedule(proposed) if proposed else self.scheduler.schedule()
         if not plan.scheduled:
+            self._forget_drafts(plan.preempted)
             if self.scheduler.waiting and not plan.preempted:  # the input processor refuses such requests
                 raise RuntimeError(f"request {self.scheduler.waiting[0].request_id!r} can never be scheduled")
             return []
@@ -302,6 +303,7 @@ class LLMEngine:
     def _commit(
         self, plan: SchedulerOutput, draws: list[tuple[RequestState, int, int]], tokens: list[list[int]]
     ) -> list[RequestOutput]:
+        self._forget_drafts(plan.preempted)
         num_drafts = {seq: len(draft) for seq, draft in zip(plan.scheduled, plan.drafts) if draft}
         for seq, num_new in zip(plan.scheduled, plan.num_new_tokens):
             if seq not in num_drafts:  # a verified row counts what it accepted, below
@@ -315,15 +317,16 @@ class LLMEngine:
             if index == 0 and not seq.output_token_ids:  # the request's first token: its prompt is computed
                 self._prefix_cache_queries += len(seq.prompt_token_ids)
                 self._prefix_cache_hits += seq.num_cached_tokens or 0
+            num_kept = 0
             for token in row_tokens:  # nothing past a finish: the tokens after it are dropped
+                num_kept += 1
                 if (finish_reason := state.add_token(index, token, seq.append_token(token))) is not None:
                     break
-            if seq in num_drafts:
-                self._commit_verified(state, seq, num_drafts[seq], num_accepted=len(row_tokens) - 1)
+            if seq in num_drafts:  # the accepted drafts it kept: all but the target's own last token, if kept
+                self._commit_verified(state, seq, num_drafts[seq], num_accepted=min(num_kept, len(row_tokens) - 1))
             if finish_reason is not None:
                 self.scheduler.finish(seq)
-                if self.proposer is not None:
-                    self.proposer.forget(seq)
+                self._forget_drafts([seq])
             advanced[seq.request_id] = state
         for request_id, state in advanced.items():
             if state.finished:
@@ -340,6 +343,13 @@ class LLMEngine:
         counts = SpecDecodeStats(1, num_drafts, num_accepted)
         state.spec_decode += counts
         self._spec_decode += counts
+
+    def _forget_drafts(self, seqs: list[Sequence]) -> None:
+        """Sequences that finished or were preempted: the proposer lets go of what it holds for them (a
+        preempted one's drafts are recomputed with it, like its keys and values)."""
+        if self.proposer is not None:
+            for seq in seqs:
+                self.proposer.forget(seq)
 
     def _save_streams(self) -> list[tuple[torch.Generator, torch.Tensor]]:
         """The random streams of every request a step may draw from."""
