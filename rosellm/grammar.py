@@ -19,6 +19,7 @@ import threading
 import torch
 import xgrammar
 
+from .proposer import Draft
 from .structured_outputs import StructuredOutputsParams
 from .token_bitmask import apply_bitmask
 
@@ -165,6 +166,25 @@ class GrammarState:
         else:
             self.fill_mask(bitmask, len(draft_token_ids))
         self.matcher.rollback(accepted)
+
+
+def grammar_checked(grammar: GrammarState | None, draft: Draft) -> Draft:
+    """The part of `draft` worth verifying under `grammar` (all of it when unconstrained or all allowed).
+
+    A draft proposed deterministically ends before its first token the grammar refuses: that token cannot be
+    kept, so it is not worth a place in the forward. A sampled draft keeps that token (and ends after it): the
+    masked target gives it probability 0, so the rejection rule refuses it for certain and draws the position
+    from max(0, p - q) normalised. Ending before it would draw that position from p itself, and a token the
+    draft also likes would come out too often (p = (.5, .5, 0) and q = (.5, 0, .5) over {a, b, c} with c
+    refused: a must come with probability .5, and would with .75)."""
+    if grammar is None:
+        return draft
+    valid = grammar.valid_prefix(draft.token_ids)
+    if valid == len(draft.token_ids):
+        return draft
+    if draft.probs is None:
+        return Draft(draft.token_ids[:valid])
+    return Draft(draft.token_ids[: valid + 1], draft.probs[: valid + 1])
 
 
 def mask_logits(logits: torch.Tensor, grammars: list[GrammarState | None]) -> None:

@@ -22,7 +22,7 @@ from torch.profiler import record_function
 
 from .block_manager import BlockManager
 from .engine_config import EngineConfig
-from .grammar import GrammarCache, mask_draft_logits, mask_logits
+from .grammar import GrammarCache, grammar_checked, mask_draft_logits, mask_logits
 from .input_processor import InputProcessor
 from .loader import load_tokenizer, tokenizer_folder
 from .model_runner import ModelRunner
@@ -203,6 +203,7 @@ class LLMEngine:
             proposed = {seq: draft.token_ids for seq, draft in drafts.items()}
             plan = self.scheduler.schedule(proposed) if proposed else self.scheduler.schedule()
         if not plan.scheduled:
+            self._forget_drafts(plan.preempted)
             if self.scheduler.waiting and not plan.preempted:  # the input processor refuses such requests
                 raise RuntimeError(f"request {self.scheduler.waiting[0].request_id!r} can never be scheduled")
             return []
@@ -235,18 +236,9 @@ class LLMEngine:
                 generator = self.requests[seq.request_id].samples[seq.index].generator
                 requests.append(DraftRequest(seq, seq.token_ids, min(wanted, room), seq.params, generator))
         drafts = self.proposer.propose(requests) if requests else []
-        drafts = [self._grammar_checked(request.key, draft) for request, draft in zip(requests, drafts)]
+        samples = [self.requests[request.key.request_id].samples[request.key.index] for request in requests]
+        drafts = [grammar_checked(sample.grammar, draft) for sample, draft in zip(samples, drafts)]
         return {request.key: draft for request, draft in zip(requests, drafts) if draft.token_ids}
-
-    def _grammar_checked(self, seq: Sequence, draft: Draft) -> Draft:
-        """The draft up to its first token the sequence's grammar refuses (all of it when unconstrained):
-        a token that cannot be kept is not worth a place in the forward."""
-        grammar = self.requests[seq.request_id].samples[seq.index].grammar
-        if grammar is None:
-            return draft
-        valid = grammar.valid_prefix(draft.token_ids)
-        probs = None if draft.probs is None else draft.probs[:valid]
-        return draft if valid == len(draft.token_ids) else Draft(draft.token_ids[:valid], probs)
 
     def _draws(self, plan: SchedulerOutput) -> list[tuple[RequestState, int, int]]:
         """The tokens this step samples, as (request, sample index, row among the rows that sample): one per
@@ -325,6 +317,7 @@ class LLMEngine:
     def _commit(
         self, plan: SchedulerOutput, draws: list[tuple[RequestState, int, int]], tokens: list[list[int]]
     ) -> list[RequestOutput]:
+        self._forget_drafts(plan.preempted)
         num_drafts = {seq: len(draft) for seq, draft in zip(plan.scheduled, plan.drafts) if draft}
         for seq, num_new in zip(plan.scheduled, plan.num_new_tokens):
             if seq not in num_drafts:  # a verified row counts what it accepted, below
@@ -338,15 +331,16 @@ class LLMEngine:
             if index == 0 and not seq.output_token_ids:  # the request's first token: its prompt is computed
                 self._prefix_cache_queries += len(seq.prompt_token_ids)
                 self._prefix_cache_hits += seq.num_cached_tokens or 0
+            num_kept = 0
             for token in row_tokens:  # nothing past a finish: the tokens after it are dropped
+                num_kept += 1
                 if (finish_reason := state.add_token(index, token, seq.append_token(token))) is not None:
                     break
-            if seq in num_drafts:
-                self._commit_verified(state, seq, num_drafts[seq], num_accepted=len(row_tokens) - 1)
+            if seq in num_drafts:  # the accepted drafts it kept: all but the target's own last token, if kept
+                self._commit_verified(state, seq, num_drafts[seq], num_accepted=min(num_kept, len(row_tokens) - 1))
             if finish_reason is not None:
                 self.scheduler.finish(seq)
-                if self.proposer is not None:
-                    self.proposer.forget(seq)
+                self._forget_drafts([seq])
             advanced[seq.request_id] = state
         for request_id, state in advanced.items():
             if state.finished:
@@ -363,6 +357,13 @@ class LLMEngine:
         counts = SpecDecodeStats(1, num_drafts, num_accepted)
         state.spec_decode += counts
         self._spec_decode += counts
+
+    def _forget_drafts(self, seqs: list[Sequence]) -> None:
+        """Sequences that finished or were preempted: the proposer lets go of what it holds for them (a
+        preempted one's drafts are recomputed with it, like its keys and values)."""
+        if self.proposer is not None:
+            for seq in seqs:
+                self.proposer.forget(seq)
 
     def _save_streams(self) -> list[tuple[torch.Generator, torch.Tensor]]:
         """The random streams of every request a step may draw from."""

@@ -206,6 +206,22 @@ def test_constrained_answers_are_those_of_an_undisturbed_run(checkpoint, tiny_mo
             assert disturbance != "ngram" or not all(cuts)  # and kept some of prompt lookup's whole
 
 
+@pytest.mark.parametrize("proposer", ["ngram", "draft-model"])
+def test_sampled_answers_with_speculation_match_and_repeat(checkpoint, tiny_model_dirs, proposer):
+    """Seeded sampling while speculating (a draft model's drafts are drawn from its own law; the grammar
+    refuses many): every answer matches its constraint, the same seeds give the same answers, and drafts are
+    accepted. The law itself is checked on a hand-worked case (test_speculative_grammar.py)."""
+    speculative = NGRAM if proposer == "ngram" else draft_of_itself(tiny_model_dirs)
+    answers = []
+    for _ in range(2):
+        llm_engine = engine(checkpoint, tiny_model_dirs["gqa"], budget=8, speculative_config=speculative, **REFERENCE)
+        result = run(llm_engine, REQUESTS, seeded(checkpoint))
+        assert_every_answer_matches(checkpoint, llm_engine, result)
+        assert llm_engine.stats().spec_decode.num_accepted_tokens > 0
+        answers.append(result.tokens)
+    assert answers[0] == answers[1]
+
+
 def grammar_masks(checkpoint, llm_engine) -> dict:
     """Every sample's next-token mask: where its grammar stands, as a value that can be compared."""
     grammar = importlib.import_module(f"{checkpoint.__name__}.grammar")
