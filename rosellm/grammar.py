@@ -120,11 +120,13 @@ def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
 
 class GrammarState:
     """Where one answer is in its grammar's automaton. It moves only with committed tokens (`accept`), so a
-    step that fails, and a preemption (which keeps the generated tokens), leave it right as it is; looking
-    ahead through drafts (`fill_draft_masks`) steps back before it returns."""
+    step that fails before its commit, and a preemption (which keeps the generated tokens), leave it right as
+    it is; a commit that fails steps it back (`rollback_to`); looking ahead through drafts
+    (`fill_draft_masks`) steps back before it returns."""
 
     def __init__(self, grammar: xgrammar.CompiledGrammar):
         self.matcher = xgrammar.GrammarMatcher(grammar)
+        self.num_accepted = 0  # committed tokens it moved past
 
     @property
     def finished(self) -> bool:
@@ -140,8 +142,16 @@ class GrammarState:
 
     def accept(self, token: int) -> None:
         """Move past a committed token. The mask allowed it, so a refusal is a bug in the engine."""
-        if not self.finished and not self.matcher.accept_token(token):
+        if self.finished:
+            return
+        if not self.matcher.accept_token(token):
             raise RuntimeError(f"token {token} was committed where the grammar does not allow it")
+        self.num_accepted += 1
+
+    def rollback_to(self, num_accepted: int) -> None:
+        """Back to where it stood after its first `num_accepted` committed tokens."""
+        self.matcher.rollback(self.num_accepted - num_accepted)
+        self.num_accepted = num_accepted
 
     def valid_prefix(self, token_ids: list[int]) -> int:
         """How many of `token_ids` (drafts) the grammar allows in a row from here; the state is unchanged."""

@@ -13,6 +13,20 @@ from .sequence import Sequence
 from .stop_strings import StopStringMatcher
 
 
+@dataclass(frozen=True)
+class SampleState:
+    """What committing a step's tokens changes in one sample, saved so that a failed commit can put it back."""
+
+    seq: Sequence | None
+    num_output_tokens: int
+    num_block_hashes: int
+    detokenizer: tuple[int, int, int] | None
+    stop_matcher: tuple[str, bool]
+    num_grammar_tokens: int
+    text: str
+    finish_reason: str | None
+
+
 @dataclass
 class Sample:
     """One of a request's n answers: its sequence, its random stream, where it is in its grammar (with
@@ -25,6 +39,33 @@ class Sample:
     grammar: GrammarState | None = None
     text: str = ""  # released text: a possible start of a stop string is held back by the matcher
     finish_reason: str | None = None
+
+    def save(self) -> SampleState:
+        seq = self.seq
+        return SampleState(
+            seq,
+            0 if seq is None else len(seq.output_token_ids),
+            0 if seq is None else len(seq.block_hashes),
+            None if self.detokenizer is None else self.detokenizer.save(),
+            self.stop_matcher.save(),
+            0 if self.grammar is None else self.grammar.num_accepted,
+            self.text,
+            self.finish_reason,
+        )
+
+    def restore(self, state: SampleState) -> None:
+        """Back to `state`: the tokens appended since leave its sequence (and the hashes of blocks holding
+        them), its detokenizer, its stop-string matcher and its grammar; a fork made since is undone."""
+        self.seq = state.seq
+        if self.seq is not None:
+            del self.seq.output_token_ids[state.num_output_tokens :]
+            del self.seq.block_hashes[state.num_block_hashes :]
+        if self.detokenizer is not None:
+            self.detokenizer.restore(state.detokenizer)
+        self.stop_matcher.restore(state.stop_matcher)
+        if self.grammar is not None:
+            self.grammar.rollback_to(state.num_grammar_tokens)
+        self.text, self.finish_reason = state.text, state.finish_reason
 
 
 @dataclass
@@ -85,6 +126,15 @@ class RequestState:
             finish_reason = "stop"
         sample.finish_reason = finish_reason
         return finish_reason
+
+    def save(self) -> tuple[list[SampleState], SpecDecodeStats | None]:
+        """Everything a step's commit may change in the request, for `restore`."""
+        return [sample.save() for sample in self.samples], self.spec_decode
+
+    def restore(self, saved: tuple[list[SampleState], SpecDecodeStats | None]) -> None:
+        states, self.spec_decode = saved
+        for sample, state in zip(self.samples, states):
+            sample.restore(state)
 
     def output(self) -> RequestOutput:
         """A snapshot for the caller: later steps never change it."""

@@ -36,6 +36,13 @@ class StopStringMatcher:
         self.held = text[len(text) - keep :]
         return text[: len(text) - keep]
 
+    def save(self) -> tuple[str, bool]:
+        """What it holds back and whether it stopped, for `restore`."""
+        return self.held, self.stopped
+
+    def restore(self, saved: tuple[str, bool]) -> None:
+        self.held, self.stopped = saved
+
 
 def held_suffix(text: str, stop: Sequence[str]) -> int:
     """Length of the longest end of `text` that is the beginning of a stop string (0 if none). Holding back

@@ -235,13 +235,25 @@ def grammar_masks(checkpoint, llm_engine) -> dict:
     return masks
 
 
-@pytest.mark.parametrize("where", ["forward", "mask", "sample", "verify"])
+def sample_states(llm_engine) -> dict:
+    """Every sample's text, finish and tokens: what a step's commit writes beside the bookkeeping."""
+    return {
+        (request_id, index): (sample.text, sample.finish_reason, None if sample.seq is None else sample.seq.token_ids)
+        for request_id, state in llm_engine.requests.items()
+        for index, sample in enumerate(state.samples)
+    }
+
+
+@pytest.mark.parametrize("where", ["forward", "mask", "sample", "verify", "accept", "detokenize"])
 def test_a_failed_step_leaves_every_grammar_where_it_was(checkpoint, tiny_model_dirs, monkeypatch, where):
-    """The k-th forward, grammar mask, sampling or verification raises once, for several k: right after, the
-    engine and every sample's grammar are as before the step; going on gives the tokens of an undisturbed run."""
+    """The k-th forward, grammar mask, sampling, verification, grammar step past a committed token or
+    detokenization raises once, for several k: right after, the engine, every sample's grammar and text are as
+    before the step; going on gives the tokens of an undisturbed run."""
     speculative = NGRAM if where == "verify" else None
     expected = run(engine(checkpoint, tiny_model_dirs["gqa"], **REFERENCE), REQUESTS, greedy(checkpoint, 2)).tokens
     llm_engine_module = importlib.import_module(f"{checkpoint.__name__}.llm_engine")
+    grammar_module = importlib.import_module(f"{checkpoint.__name__}.grammar")
+    detokenizer_module = importlib.import_module(f"{checkpoint.__name__}.detokenizer")
     for fail_at in (2, 6, 11):
         llm_engine = engine(checkpoint, tiny_model_dirs["gqa"], budget=8, speculative_config=speculative, **REFERENCE)
         owner, name = {
@@ -249,6 +261,8 @@ def test_a_failed_step_leaves_every_grammar_where_it_was(checkpoint, tiny_model_
             "mask": (llm_engine_module, "mask_logits"),
             "sample": (llm_engine_module, "sample_batch"),
             "verify": (llm_engine_module, "accept_greedy"),
+            "accept": (grammar_module.GrammarState, "accept"),
+            "detokenize": (detokenizer_module.IncrementalDetokenizer, "add"),
         }[where]
         original, calls = getattr(owner, name), {"n": 0, "fired": False}
 
@@ -265,12 +279,14 @@ def test_a_failed_step_leaves_every_grammar_where_it_was(checkpoint, tiny_model_
 
             def checked_step(llm_engine=llm_engine, step=step):
                 before = snapshot(checkpoint, llm_engine), grammar_masks(checkpoint, llm_engine)
+                samples = sample_states(llm_engine)
                 try:
                     return step()
                 except llm_engine_module.StepError as error:
                     assert isinstance(error.__cause__, Injected)
                     assert_same(before[0], snapshot(checkpoint, llm_engine))
                     assert grammar_masks(checkpoint, llm_engine) == before[1]
+                    assert sample_states(llm_engine) == samples
                     return []
 
             llm_engine.step = checked_step

@@ -35,6 +35,15 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
         return window[len(emitted) :]
 
+    def save(self) -> tuple[int, int, int]:
+        """Where it stands (tokens added, the window's start, emitted up to), for `restore`."""
+        return len(self.token_ids), self.prefix_offset, self.read_offset
+
+    def restore(self, saved: tuple[int, int, int]) -> None:
+        """Back to where `save` found it: the tokens added since are forgotten."""
+        num_tokens, self.prefix_offset, self.read_offset = saved
+        del self.token_ids[num_tokens:]
+
     def flush(self) -> str:
         """At the end of generation: whatever is still held back (e.g. a cut character), as decoded."""
         emitted, window = self._pending_text()

@@ -3,9 +3,9 @@
 The only place where the three parts meet: schedule (bookkeeping) -> run the model (the model runner)
 -> sample -> commit to the bookkeeping. Requests come in through the input processor (tokenize, check,
 build the sequence) and leave through their `RequestState` (text, outputs). A step is a
-transaction: if the forward or the sampler raises, the plan is rolled back and the engine is exactly as it
-was before the step. A request for n samples is one sequence until its prompt is computed; at its first token
-it forks into n.
+transaction: if the forward, the sampler or the commit raises, the plan is rolled back and the engine is
+exactly as it was before the step. A request for n samples is one sequence until its prompt is computed; at
+its first token it forks into n.
 
 With speculative decoding (`speculative_config`), a proposer first guesses the next tokens of each decoding
 sequence; the step runs them with the sequence's last token, and the target keeps the longest run it agrees
@@ -186,8 +186,9 @@ class LLMEngine:
         (count computed tokens, append sampled ones, finish requests). Returns the outputs of the requests
         that got tokens (finished ones have `.finished`); a request whose prompt chunk did not reach its end
         gets none this step.
-        If proposing, running or sampling raises, the plan is rolled back and `StepError` names the requests
-        the step held (an interruption such as KeyboardInterrupt propagates as it is, after the rollback)."""
+        If proposing, running, sampling or committing raises, the plan is rolled back and `StepError` names the
+        requests the step held (an interruption such as KeyboardInterrupt propagates as it is, after the
+        rollback)."""
         streams = self._save_streams()  # a draft model draws from the requests' random streams too
         try:
             with record_function("rosellm.propose"):
@@ -206,16 +207,23 @@ class LLMEngine:
                 raise RuntimeError(f"request {self.scheduler.waiting[0].request_id!r} can never be scheduled")
             return []
         draws = self._draws(plan)
+        overwritten = self.scheduler.overwritten_blocks(plan)
+        if overwritten:
+            self.model_runner.save_blocks(overwritten)
+        requests = self._save_requests(draws)
         try:
             tokens = self._run(plan, draws, drafts)
+            with record_function("rosellm.commit"):
+                return self._commit(plan, draws, tokens)
         except BaseException as error:
+            if overwritten:
+                self.model_runner.restore_blocks()
+            self._restore_requests(requests)
             self.scheduler.rollback(plan)
             self._restore_streams(streams)
             if isinstance(error, Exception):
                 raise StepError([seq.request_id for seq in plan.scheduled], error) from error
             raise
-        with record_function("rosellm.commit"):
-            return self._commit(plan, draws, tokens)
 
     def _propose(self) -> dict[Sequence, Draft]:
         """Drafts for the running sequences that decode, as many tokens as `num_speculative_tokens`, and never
@@ -251,24 +259,15 @@ class LLMEngine:
         self, plan: SchedulerOutput, draws: list[tuple[RequestState, int, int]], drafts: dict[Sequence, Draft]
     ) -> list[list[int]]:
         """Copy shared blocks being written, forward, sample (the tokens of each draw: one, or the drafts the
-        target accepts and one more); on failure, put back the blocks it overwrote that a rolled-back engine
-        may read again."""
-        overwritten = self.scheduler.overwritten_blocks(plan)
-        if overwritten:
-            self.model_runner.save_blocks(overwritten)
-        try:
-            with record_function("rosellm.forward"):
-                self.model_runner.copy_blocks(plan.copies)
-                inputs = StepInputs.from_plan(plan)
-                hidden = self.model_runner.forward(inputs)
-            with record_function("rosellm.lm_head"):
-                logits = self.model_runner.sampling_logits(hidden, inputs)  # [positions that sample, vocab]
-            with record_function("rosellm.sample"):
-                return self._sample(logits, plan, draws, drafts)
-        except BaseException:
-            if overwritten:
-                self.model_runner.restore_blocks()
-            raise
+        target accepts and one more)."""
+        with record_function("rosellm.forward"):
+            self.model_runner.copy_blocks(plan.copies)
+            inputs = StepInputs.from_plan(plan)
+            hidden = self.model_runner.forward(inputs)
+        with record_function("rosellm.lm_head"):
+            logits = self.model_runner.sampling_logits(hidden, inputs)  # [positions that sample, vocab]
+        with record_function("rosellm.sample"):
+            return self._sample(logits, plan, draws, drafts)
 
     def _sample(
         self,
@@ -315,7 +314,9 @@ class LLMEngine:
     def _commit(
         self, plan: SchedulerOutput, draws: list[tuple[RequestState, int, int]], tokens: list[list[int]]
     ) -> list[RequestOutput]:
-        self._forget_drafts(plan.preempted)
+        """Count the computed tokens, fork, append the sampled tokens (their text, their grammar), finish
+        requests. Part of the step's transaction: if it raises (a detokenizer, a grammar refusing a token), the
+        step undoes it all. The proposer lets go of finished and preempted sequences only at the end."""
         num_drafts = {seq: len(draft) for seq, draft in zip(plan.scheduled, plan.drafts) if draft}
         for seq, num_new in zip(plan.scheduled, plan.num_new_tokens):
             if seq not in num_drafts:  # a verified row counts what it accepted, below
@@ -324,6 +325,7 @@ class LLMEngine:
             if state.seqs[0].will_fork:
                 self._fork(state)
         advanced: dict[str, RequestState] = {}
+        finished: list[Sequence] = []
         for (state, index, _), row_tokens in zip(draws, tokens):
             seq = state.samples[index].seq
             if index == 0 and not seq.output_token_ids:  # the request's first token: its prompt is computed
@@ -338,12 +340,14 @@ class LLMEngine:
                 self._commit_verified(state, seq, num_drafts[seq], num_accepted=min(num_kept, len(row_tokens) - 1))
             if finish_reason is not None:
                 self.scheduler.finish(seq)
-                self._forget_drafts([seq])
+                finished.append(seq)
             advanced[seq.request_id] = state
+        outputs = [state.output() for state in advanced.values()]
         for request_id, state in advanced.items():
             if state.finished:
                 del self.requests[request_id]
-        return [state.output() for state in advanced.values()]
+        self._forget_drafts(plan.preempted + finished)
+        return outputs
 
     def _commit_verified(self, state: RequestState, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """A row ran its last token and `num_drafts` drafts, of which the first `num_accepted` were kept:
@@ -355,6 +359,19 @@ class LLMEngine:
         counts = SpecDecodeStats(1, num_drafts, num_accepted)
         state.spec_decode += counts
         self._spec_decode += counts
+
+    def _save_requests(self, draws: list[tuple[RequestState, int, int]]) -> tuple:
+        """What a commit changes beside the scheduler's bookkeeping: the drawing requests and the engine's
+        counts."""
+        states = {id(state): state for state, _, _ in draws}.values()
+        counts = (self._prefix_cache_queries, self._prefix_cache_hits, self._spec_decode)
+        return [(state, state.save()) for state in states], counts
+
+    def _restore_requests(self, saved: tuple) -> None:
+        requests, counts = saved
+        for state, state_saved in requests:
+            state.restore(state_saved)
+        self._prefix_cache_queries, self._prefix_cache_hits, self._spec_decode = counts
 
     def _forget_drafts(self, seqs: list[Sequence]) -> None:
         """Sequences that finished or were preempted: the proposer lets go of what it holds for them (a
