@@ -9,7 +9,7 @@ tokens (prefix_caching.py), and a new sequence starts from the longest chain of 
 
 from .block_allocator import AllocatorState, BlockAllocator, NoFreeBlocksError
 from .block_math import blocks_for
-from .prefix_caching import PrefixCachingBlockAllocator, hash_block
+from .prefix_caching import PrefixCachingBlockAllocator, extend_hash_chain
 from .sequence import Sequence
 
 __all__ = ["BlockManager", "NoFreeBlocksError"]
@@ -140,9 +140,6 @@ class BlockManager:
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """The hash chain of `seq`'s first `num_blocks` full blocks of tokens (extended on the sequence as
         needed: tokens never change once appended)."""
-        hashes, size = seq.block_hashes, self.block_size
-        if len(hashes) < num_blocks:
-            token_ids = seq.token_ids
-            for start in range(len(hashes) * size, num_blocks * size, size):
-                hashes.append(hash_block(hashes[-1] if hashes else b"", token_ids[start : start + size]))
-        return hashes[:num_blocks]
+        if len(seq.block_hashes) < num_blocks:
+            extend_hash_chain(seq.block_hashes, seq.token_ids, self.block_size, num_blocks)
+        return seq.block_hashes[:num_blocks]

@@ -24,6 +24,12 @@ def hash_block(parent_hash: bytes, token_ids: Sequence[int]) -> bytes:
     return sha256(parent_hash + array("I", token_ids).tobytes()).digest()
 
 
+def extend_hash_chain(hashes: list[bytes], token_ids: Sequence[int], block_size: int, num_blocks: int) -> None:
+    """In place: `hashes`, the chain of the first full blocks of `token_ids`, extended to `num_blocks`."""
+    for start in range(len(hashes) * block_size, num_blocks * block_size, block_size):
+        hashes.append(hash_block(hashes[-1] if hashes else b"", token_ids[start : start + block_size]))
+
+
 @dataclass(frozen=True)
 class PrefixCacheState(AllocatorState):
     """The caching allocator's whole state: the plain one's, the remembered blocks and the evictor's order."""

@@ -11,7 +11,7 @@ many blocks as its KV pool holds, so it forgets roughly when the core's cache do
 
 from collections import OrderedDict
 
-from .prefix_caching import hash_block
+from .prefix_caching import extend_hash_chain
 
 PREFIX_LOAD_SLACK = 4  # requests more than the least-loaded core that a prefix hit may still outweigh
 
@@ -42,10 +42,8 @@ class ReplicaRouter:
 
     def block_hashes(self, token_ids: list[int]) -> list[bytes]:
         """The hash chain of the prompt's full blocks."""
-        hashes, parent = [], b""
-        for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
-            parent = hash_block(parent, token_ids[start : start + self.block_size])
-            hashes.append(parent)
+        hashes = []
+        extend_hash_chain(hashes, token_ids, self.block_size, len(token_ids) // self.block_size)
         return hashes
 
     def matched(self, core: int, hashes: list[bytes]) -> int:

@@ -78,3 +78,16 @@ def test_one_core_or_no_prefix_caching_routes_by_load_alone(router_module):
     router = make(router_module, cores=1)
     assert [router.route(prompt(0, 8)) for _ in range(3)] == [0, 0, 0]
     assert router.seen == [{}]
+
+
+def test_the_router_hashes_a_prompt_as_the_block_manager_does(checkpoint, router_module):
+    """The router remembers blocks by the block manager's own chain: a prompt's hashes are the ones its
+    sequence gets in a caching block manager (a partial last block has none)."""
+    import importlib
+
+    block_manager = importlib.import_module(f"{checkpoint.__name__}.block_manager")
+    sequence = importlib.import_module(f"{checkpoint.__name__}.sequence")
+    tokens = prompt(7, 3 * BLOCK + 2)
+    seq = sequence.Sequence("0", tokens, checkpoint.SamplingParams(), set(), 64)
+    manager = block_manager.BlockManager(16, BLOCK, enable_prefix_caching=True)
+    assert make(router_module).block_hashes(tokens) == manager.block_hashes(seq, 3)
