@@ -1,4 +1,11 @@
-"""torch.compile happens a bounded number of times, never once per batch shape; `enforce_eager` turns it off."""
+"""torch.compile happens a bounded number of times, never once per batch shape; `enforce_eager` turns it off;
+without a C compiler, `enforce_eager` runs every CPU backend."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,3 +58,47 @@ def test_enforce_eager_compiles_nothing(checkpoint, tiny_model_dirs, monkeypatch
 def test_enforce_eager_is_checked(checkpoint, tiny_model_dirs):
     with pytest.raises(ValueError, match="enforce_eager must be True or False"):
         checkpoint.LLM(str(tiny_model_dirs["gqa"]), enforce_eager="yes")
+
+
+# Run in a process of its own, with no compiler to be found and torch.compile refused: each CPU backend
+# generates under enforce_eager; the tokens of each, as JSON.
+WITHOUT_A_COMPILER = """
+import json, sys, torch
+import {package} as rosellm
+
+def refuse(*args, **kwargs):
+    raise AssertionError("torch.compile called without a C compiler")
+
+torch.compile = torch.nn.Module.compile = refuse
+params = rosellm.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+prompts = [[5, 6, 7], [8, 9], list(range(3, 40))]
+tokens = {{}}
+for backend in ("reference", "torch", "cpu"):
+    llm = rosellm.LLM(sys.argv[1], enforce_eager=True, attention_backend=backend, block_size=4)
+    tokens[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+print(json.dumps(tokens))
+"""
+
+
+def test_enforce_eager_runs_every_cpu_backend_without_a_c_compiler(checkpoint, tiny_model_dirs, tmp_path):
+    """CC and CXX name a compiler that does not exist (torch.compile's and any kernel's cache empty): with
+    enforce_eager, "reference", "torch" and "cpu" all generate, the same tokens, compiling nothing."""
+    nowhere = str(tmp_path / "no-such-compiler")
+    env = os.environ | {
+        "CC": nowhere,
+        "CXX": nowhere,
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "ROSELLM_CACHE": str(tmp_path / "cache"),
+    }
+    code = WITHOUT_A_COMPILER.format(package=checkpoint.__name__)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_model_dirs["gqa"])],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tokens = json.loads(done.stdout.splitlines()[-1])
+    assert tokens["cpu"] == tokens["torch"] == tokens["reference"] and len(tokens["cpu"][2]) == 6

@@ -5,7 +5,9 @@ that is the whole KV cache written once more and read twice, and SDPA's CPU kern
 per sequence. Here:
 - a group of decode rows is one function of the pool and the block tables, written as plain tensor algebra
   (a gather, a product summed over head_dim, a softmax, a weighted sum over keys); torch.compile (Inductor)
-  turns it into loops that load each key and value from its block where it lies;
+  turns it into loops that load each key and value from its block where it lies (Inductor compiles the C++
+  it writes: where no C++ compiler is found, the same function runs eagerly, gathering the blocks; asked for
+  by name under `enforce_eager`, which keeps the decoder layers eager, it is still compiled where it can be);
 - a prompt with nothing cached before this step attends to its own new keys and values, read from the
   slots `store_kv` has just written (a copy the size of the prompt's keys): causal SDPA on them, with no
   padding and no mask;
@@ -13,6 +15,9 @@ per sequence. Here:
 """
 
 import functools
+import os
+import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -75,6 +80,17 @@ def compiled_decode_attention(query, key_cache, value_cache, block_tables, seq_l
     return _compiled()(query, key_cache, value_cache, block_tables, seq_lens)
 
 
+def compiler_found() -> bool:
+    """Whether torch.compile can build CPU code here: Inductor compiles the C++ it writes with $CXX, else g++
+    (clang++ on macOS). Looked up again when $CXX changes."""
+    return _on_path(os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++"))
+
+
+@functools.cache
+def _on_path(program: str) -> bool:
+    return shutil.which(program) is not None
+
+
 @dataclass
 class CpuPlan:
     """What `CpuAttentionBackend.plan` makes for one forward."""
@@ -118,10 +134,9 @@ class CpuAttentionBackend:
         if not isinstance(plan, CpuPlan):
             raise RuntimeError("this forward has no plan: set metadata.plan = backend.plan(metadata, block_size)")
         out = self.grouped.paged_attention(query, key_cache, value_cache, replace(metadata, plan=plan.others))
+        decode = compiled_decode_attention if compiler_found() else decode_attention  # no compiler: eagerly
         for group in plan.decode_groups:
-            out[group.tokens] = compiled_decode_attention(
-                query[group.tokens], key_cache, value_cache, group.block_tables, group.seq_lens
-            )
+            out[group.tokens] = decode(query[group.tokens], key_cache, value_cache, group.block_tables, group.seq_lens)
         keys, values = key_cache.flatten(0, 1), value_cache.flatten(0, 1)  # [slots, kv_heads, head_dim]
         for start, end in plan.fresh_prompts:
             slots = metadata.slot_mapping[start:end]  # where this step stored the prompt's keys and values
