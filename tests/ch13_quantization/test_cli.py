@@ -45,13 +45,10 @@ def test_before_chapter_13_fails_fast_with_one_line(cli, fake_chapters, monkeypa
     assert "chapter 12" in err and "chapter 13" in err, err
 
 
-def test_bad_combinations_fail_fast_with_one_line(checkpoint, cli, tiny_model_dirs, monkeypatch, capsys):
-    cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
-    monkeypatch.setattr(cpu_features, "cpu_has_bf16", lambda: False)
+def test_bad_combinations_fail_fast_with_one_line(cli, tiny_model_dirs, monkeypatch, capsys):
     folder = str(tiny_model_dirs["gqa"])
     bad = {
         "a .gguf file": ["--model", folder, "--quantization", "gguf"],
-        "native bf16": ["--model", folder, "--dtype", "bfloat16"],
         "one process": ["--model", folder, "--quantization", "int4", "--tensor-parallel-size", "2"],
         "invalid choice": ["--quantization", "fp8"],
     }

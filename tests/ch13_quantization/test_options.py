@@ -1,14 +1,18 @@
 """`quantization` and `dtype`: each bad option is a ValueError naming what is supported, raised before any
-weight is read; "auto" picks the compute dtype; the default path stays fp32."""
+weight is read; "auto" picks the compute dtype at each CPU level; bf16 runs at every level, with a warning
+where the CPU has no native bf16; the default path stays fp32."""
 
 import importlib
 import json
+import logging
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
+
+from tests.ch13_quantization.cpu_levels import NATIVE_BF16, VARIABLE, levels
 
 pytestmark = pytest.mark.requires("quantization")
 
@@ -66,15 +70,15 @@ def q5_gguf(tmp_path):
 
 @pytest.mark.parametrize(
     "case",
-    ["unknown quantization", "unknown dtype", "bf16 without cpu support", "gguf on a folder", "tensor parallel"],
+    ["unknown quantization", "unknown dtype", "unknown cpu level", "gguf on a folder", "tensor parallel"],
 )
 def test_bad_option_raises_before_loading(checkpoint, tiny_model_dirs, no_loading, monkeypatch, case):
-    cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
-    monkeypatch.setattr(cpu_features, "cpu_has_bf16", lambda: False)
+    if case == "unknown cpu level":
+        monkeypatch.setenv(VARIABLE, "avx3")
     model, options, message = {
         "unknown quantization": (tiny_model_dirs["gqa"], {"quantization": "fp8"}, "gguf, int8, int4"),
         "unknown dtype": (tiny_model_dirs["gqa"], {"dtype": "float16"}, "auto, float32, bfloat16"),
-        "bf16 without cpu support": (tiny_model_dirs["gqa"], {"dtype": "bfloat16"}, "AVX-512 BF16 or AMX"),
+        "unknown cpu level": (tiny_model_dirs["gqa"], {}, "ROSELLM_CPU_FEATURES='avx3'.*nocc, baseline, avx2"),
         "gguf on a folder": (tiny_model_dirs["gqa"], {"quantization": "gguf"}, "a .gguf file"),
         "tensor parallel": (
             tiny_model_dirs["gqa"],
@@ -97,11 +101,11 @@ def test_int4_needs_inputs_in_groups_of_32(checkpoint, no_loading, tmp_path):
     checkpoint.EngineConfig(quantization="int4")  # the option itself is fine
 
 
-@pytest.mark.parametrize("has_bf16", [True, False])
-def test_auto_dtype(checkpoint, quantization, monkeypatch, has_bf16):
-    cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
-    monkeypatch.setattr(cpu_features, "cpu_has_bf16", lambda: has_bf16)
-    quantized = torch.bfloat16 if has_bf16 else torch.float32
+@pytest.mark.parametrize("level", levels())
+def test_auto_dtype(checkpoint, quantization, monkeypatch, level):
+    """The fastest: bf16 only for quantized weights on a CPU with native bf16; on CUDA always bf16."""
+    monkeypatch.setenv(VARIABLE, level)
+    quantized = torch.bfloat16 if level in NATIVE_BF16 else torch.float32
     for dtype in (None, "auto"):
         assert quantization.compute_dtype(dtype, None, "cpu") == torch.float32  # no quantization: fp32
         assert quantization.compute_dtype(dtype, "int4", "cpu") == quantized
@@ -115,3 +119,44 @@ def test_default_path_is_fp32_dense(checkpoint, tiny_model_dirs):
     assert engine.config.quantization is None and engine.model.dtype == torch.float32
     assert type(engine.model.lm_head).__name__ == "PackedLinear"  # chapter 11's fp32 path, unchanged
     assert engine.model_runner.kv_pool.keys.dtype == torch.float32
+
+
+def slow_bf16_warnings(records) -> list:
+    return [r for r in records if r.levelno == logging.WARNING and "without native bf16" in r.getMessage()]
+
+
+@pytest.mark.parametrize("level", levels())
+def test_bfloat16_runs_at_every_level(checkpoint, tiny_model_dirs, monkeypatch, caplog, level):
+    """dtype="bfloat16" is accepted on every CPU: weights and KV cache in bf16, tokens generated (decode rows by
+    the C kernel built for the level, or eagerly at "nocc"); where the CPU has no native bf16, one warning in
+    the process says that fp32 may be faster."""
+    cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
+    monkeypatch.setattr(cpu_features, "_warned", set())  # this process has not warned yet
+    monkeypatch.setenv(VARIABLE, level)
+    for _ in range(2):
+        llm = checkpoint.LLM(str(tiny_model_dirs["gqa"]), dtype="bfloat16", enforce_eager=True, attention_backend="cpu")
+        assert llm.model.dtype == torch.bfloat16 and llm.llm_engine.model_runner.kv_pool.keys.dtype == torch.bfloat16
+        [output] = llm.generate([[5, 6, 7]], checkpoint.SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+        assert len(output.token_ids) == 3
+    warned = slow_bf16_warnings(caplog.records)
+    assert len(warned) == (0 if level in NATIVE_BF16 else 1), warned
+    assert all("float32 may be faster" in r.getMessage() for r in warned)
+
+
+def test_a_mask_above_the_cpu_is_clamped_with_a_warning(checkpoint, monkeypatch, caplog):
+    """On a CPU whose own level is avx2 (made so here), every level above asks for what it lacks: the engine
+    runs at avx2, and says so; "none" is "nocc"; unset, the CPU's own level."""
+    cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
+    monkeypatch.setattr(cpu_features, "native_level", lambda: "avx2")
+    monkeypatch.setattr(cpu_features, "_warned", set())
+    for level in ("avx512", "avx512_bf16", "amx"):
+        monkeypatch.setenv(VARIABLE, level)
+        assert cpu_features.level() == "avx2" and not cpu_features.cpu_has_bf16()
+        assert f"{VARIABLE}={level} asks for more than this CPU has" in caplog.text
+    for level in ("nocc", "baseline", "avx2"):
+        monkeypatch.setenv(VARIABLE, level)
+        assert cpu_features.level() == level and cpu_features.masked()
+    monkeypatch.setenv(VARIABLE, "None")
+    assert cpu_features.level() == "nocc"
+    monkeypatch.delenv(VARIABLE)
+    assert cpu_features.level() == "avx2" and not cpu_features.masked()

@@ -88,11 +88,9 @@ BF16_TINY = dict(atol=5e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_bf16_logits_within_tolerance_of_fp32(checkpoint, tiny_model_dirs, monkeypatch, quantization):
-    cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
-    monkeypatch.setattr(cpu_features, "cpu_has_bf16", lambda: True)
+def test_bf16_logits_within_tolerance_of_fp32(checkpoint, tiny_model_dirs, quantization):
     path = str(tiny_model_dirs["gqa"])
-    bf16 = checkpoint.LLM(path, quantization=quantization, enforce_eager=True)  # auto: bf16 here
+    bf16 = checkpoint.LLM(path, quantization=quantization, dtype="bfloat16", enforce_eager=True)
     fp32 = checkpoint.LLM(path, quantization=quantization, dtype="float32", enforce_eager=True)
     assert bf16.model.dtype == torch.bfloat16 and bf16.llm_engine.model_runner.kv_pool.keys.dtype == torch.bfloat16
     ids = SHARED + prompt(5, 30)
@@ -125,9 +123,7 @@ def smollm2_fp32(checkpoint, quantization: str, gguf_llms: dict):
 @pytest.mark.model
 @pytest.mark.latest_only
 @pytest.mark.parametrize("quantization", ["gguf"])  # Q4_1 on the int4 kernel, and Q8_0 (the LM head) as int4 halves
-def test_smollm2_bf16_greedy_equals_fp32(checkpoint, smollm2_path, gguf_fp32_llms, monkeypatch, quantization):
-    cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
-    monkeypatch.setattr(cpu_features, "cpu_has_bf16", lambda: True)
+def test_smollm2_bf16_greedy_equals_fp32(checkpoint, smollm2_path, gguf_fp32_llms, quantization):
     fp32 = smollm2_fp32(checkpoint, quantization, gguf_fp32_llms)
     bf16 = checkpoint.LLM(quantization=quantization, dtype="bfloat16", enforce_eager=True)
     tokenizer = fp32.tokenizer

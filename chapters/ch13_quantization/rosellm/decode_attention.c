@@ -74,16 +74,22 @@ static inline void prefetch_slot(const SCALAR *block, int s) {
 /* query [batch, HEADS, HEAD_DIM]; key_cache, value_cache [num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM];
  * block_tables [batch, table_width] (every entry a block of the pool); seq_lens [batch], each at least 1 and
  * at most table_width * BLOCK_SIZE; out [batch, HEADS, HEAD_DIM]. Every array contiguous. Nothing past a
- * sequence's last key is read. */
-void decode_attention(const SCALAR *query, const SCALAR *key_cache, const SCALAR *value_cache,
-                      const int64_t *block_tables, const int64_t *seq_lens, SCALAR *out, int64_t batch,
-                      int64_t table_width, float scale, int threads) {
+ * sequence's last key is read. Returns the number of sequences for which no memory was found for their
+ * scores (their rows of out are not written): 0 when all went well. */
+int64_t decode_attention(const SCALAR *query, const SCALAR *key_cache, const SCALAR *value_cache,
+                         const int64_t *block_tables, const int64_t *seq_lens, SCALAR *out, int64_t batch,
+                         int64_t table_width, float scale, int threads) {
   const int64_t keys = table_width * BLOCK_SIZE; /* a row of scores */
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  int64_t without_memory = 0;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(+ : without_memory)
   for (int64_t b = 0; b < batch; b++) {
     const int64_t len = seq_lens[b], blocks = (len + BLOCK_SIZE - 1) / BLOCK_SIZE;
     const int64_t *table = block_tables + b * table_width;
     float *scores = malloc(sizeof(float) * HEADS * keys); /* [HEADS, keys] */
+    if (scores == NULL) {
+      without_memory++;
+      continue;
+    }
     vec q[HEADS][CHUNKS], acc[HEADS][CHUNKS];
     for (int h = 0; h < HEADS; h++)
       for (int c = 0; c < CHUNKS; c++) {
@@ -138,4 +144,5 @@ void decode_attention(const SCALAR *query, const SCALAR *key_cache, const SCALAR
       for (int c = 0; c < CHUNKS; c++) store16(out + (b * HEADS + h) * HEAD_DIM + c * 16, acc[h][c]);
     free(scores);
   }
+  return without_memory;
 }

@@ -9,7 +9,7 @@ Every backend has the same three methods, and holds nothing between calls:
     "torch"      PyTorch by row groups (grouped_attention.py), fast on mixed steps (the default off CUDA in
                  eager mode)
     "cpu"        decode rows read the pool in place, compiled; fresh prompts attend to their own keys; the
-                 other rows as "torch" (cpu_attention.py; the default off CUDA)
+                 other rows as "torch" (cpu_attention.py; the default off CUDA; on the CPU alone)
     "triton"     the Triton kernels (kernels/; the default on CUDA)
 """
 
@@ -57,6 +57,11 @@ def get_attention_backend(name: str | None, device: torch.device | str, enforce_
     if name == "torch":
         return GroupedAttentionBackend()
     if name == "cpu":
+        if device.type != "cpu":  # its C kernel takes the addresses of the pool and the tables
+            raise ValueError(
+                f'attention_backend="cpu" runs on the CPU alone (its C kernel reads CPU memory); on {device.type!r} '
+                'use "triton" or "torch"'
+            )
         return CpuAttentionBackend()
     check_triton_runs(device)
     from . import kernels  # imports Triton: only when it is asked for

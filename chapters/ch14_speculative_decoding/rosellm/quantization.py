@@ -11,7 +11,9 @@ With "int8" and "int4" the token embedding keeps its dense table: a lookup reads
 
 dtype, the compute dtype (activations, KV cache, dense weights): "float32", "bfloat16", or "auto" (None):
 bfloat16 on CUDA; on CPU float32, or bfloat16 with quantization where the CPU has native bf16
-(`cpu_features.cpu_has_bf16`), the only place the packed 4- and 8-bit kernels beat dense ones.
+(`cpu_features.cpu_has_bf16`), the only place the packed 4- and 8-bit kernels beat dense ones. "bfloat16"
+runs on every CPU (PyTorch emulates it where the CPU has no bf16 instructions, more slowly than fp32: a
+warning says so, once) and halves the memory of the weights and the KV cache on each.
 """
 
 from pathlib import Path
@@ -42,7 +44,10 @@ def compute_dtype(dtype, quantization: str | None, device) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)} or a torch.dtype; got {dtype!r}")
     if dtype == torch.bfloat16 and not on_cuda and not cpu_features.cpu_has_bf16():
-        raise ValueError("dtype bfloat16 needs a CPU with native bf16 (AVX-512 BF16 or AMX); this one has neither")
+        cpu_features.warn_once(
+            "dtype bfloat16 on a CPU without native bf16 (AVX-512 BF16 or AMX): PyTorch emulates it, and float32 "
+            "may be faster here; bf16 still halves the memory of the weights and the KV cache"
+        )
     return dtype
 
 
@@ -50,6 +55,7 @@ def check_options(model, device, dtype, quantization: str | None) -> torch.dtype
     """Every option that cannot work raises ValueError here, before a weight is read. Returns the compute
     dtype."""
     check_quantization(quantization)
+    cpu_features.level()  # ROSELLM_CPU_FEATURES, if set, names a level
     dtype = compute_dtype(dtype, quantization, device)
     if quantization is None:
         return dtype

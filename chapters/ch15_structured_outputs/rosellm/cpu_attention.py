@@ -5,10 +5,12 @@ that is the whole KV cache written once more and read twice, and SDPA's CPU kern
 per sequence. Here:
 - a group of decode rows is one function of the pool and the block tables, written as plain tensor algebra
   (a gather, a product summed over head_dim, a softmax, a weighted sum over keys); torch.compile (Inductor)
-  turns it into loops that load each key and value from its block where it lies. Where the pool holds fp32
-  or bf16 and a C compiler works, the same function written by hand in C (decode_attention.c) runs instead:
-  it reads each block front to back, for the scores and then for the values, and keeps its sums in vector
-  registers;
+  turns it into loops that load each key and value from its block where it lies (Inductor compiles the C++
+  it writes: where no C++ compiler is found, or at level "nocc" of cpu_features.py, the same function runs
+  eagerly, gathering the blocks; asked for by name under `enforce_eager`, which keeps the decoder layers
+  eager, it is still compiled where it can be). Where the pool holds fp32 or bf16 and a C compiler works,
+  the same function written by hand in C (decode_attention.c) runs instead: it reads each block front to
+  back, for the scores and then for the values, and keeps its sums in vector registers;
 - a prompt with nothing cached before this step attends to its own new keys and values, read from the
   slots `store_kv` has just written (a copy the size of the prompt's keys): causal SDPA on them, with no
   padding and no mask;
@@ -17,13 +19,16 @@ per sequence. Here:
 
 import ctypes
 import functools
+import os
+import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
-from . import c_kernels
+from . import c_kernels, cpu_features
 from .attention_metadata import AttentionMetadata
 from .grouped_attention import GroupedAttentionBackend, GroupedAttentionPlan, GroupPlan, row_groups
 from .paged_attention import store_kv
@@ -80,12 +85,28 @@ def compiled_decode_attention(query, key_cache, value_cache, block_tables, seq_l
     return _compiled()(query, key_cache, value_cache, block_tables, seq_lens)
 
 
+def compiler_found() -> bool:
+    """Whether torch.compile can build CPU code here: Inductor compiles the C++ it writes with $CXX, else g++
+    (clang++ on macOS); never at level "nocc". Looked up again when $CXX changes."""
+    if cpu_features.level() == "nocc":
+        return False
+    return _on_path(os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++"))
+
+
+@functools.cache
+def _on_path(program: str) -> bool:
+    return shutil.which(program) is not None
+
+
 KERNEL_ELEMENTS = {torch.float32: ("float", 0), torch.bfloat16: ("uint16_t", 1)}  # dtype -> (SCALAR, BF16)
 
 
 @functools.cache
-def _kernel(dtype: torch.dtype, head_dim: int, group: int, kv_heads: int, block_size: int) -> Callable | None:
-    """decode_attention.c compiled for one model's shapes, or None where it does not serve them."""
+def _kernel(
+    dtype: torch.dtype, head_dim: int, group: int, kv_heads: int, block_size: int, setting: tuple
+) -> Callable | None:
+    """decode_attention.c compiled for one model's shapes, or None where it does not serve them. `setting`
+    is `c_kernels.setting()`: another compiler, level or cache folder looks again."""
     if dtype not in KERNEL_ELEMENTS or head_dim % 16:
         return None
     scalar, bf16 = KERNEL_ELEMENTS[dtype]
@@ -96,33 +117,45 @@ def _kernel(dtype: torch.dtype, head_dim: int, group: int, kv_heads: int, block_
     kernel = library.decode_attention
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     kernel.argtypes = [pointer] * 6 + [size, size, ctypes.c_float, ctypes.c_int]
-    kernel.restype = None
+    kernel.restype = size  # sequences left without memory for their scores
     return kernel
 
 
 def kernel_decode_attention(query, key_cache, value_cache, block_tables, seq_lens) -> torch.Tensor:
-    """`decode_attention` by the C kernel, where it serves the shapes and dtype; else compiled.
+    """`decode_attention` by the C kernel, where it serves the shapes, dtype and device; else compiled, or
+    eagerly where nothing can be compiled.
 
     query [batch, heads, head_dim]; key_cache, value_cache [num_blocks, block_size, kv_heads, head_dim];
     block_tables [batch, blocks] and seq_lens [batch], int64 -> [batch, heads, head_dim]
     """
     batch, heads, head_dim = query.shape
     block_size, kv_heads = key_cache.shape[1:3]
-    kernel = _kernel(query.dtype, head_dim, heads // kv_heads, kv_heads, block_size)
+    kernel = _kernel(query.dtype, head_dim, heads // kv_heads, kv_heads, block_size, c_kernels.setting())
     tensors = (query, key_cache, value_cache, block_tables, seq_lens)
     same_dtype = key_cache.dtype == value_cache.dtype == query.dtype
     long_indices = block_tables.dtype == seq_lens.dtype == torch.long
-    if kernel is None or not (same_dtype and long_indices and all(t.is_contiguous() for t in tensors)):
-        return compiled_decode_attention(*tensors)
-    check_bounds(block_tables, seq_lens, key_cache.shape[0], block_size)
+    cpu_contiguous = all(t.is_cpu and t.is_contiguous() for t in tensors)  # the kernel takes their addresses
+    if kernel is None or not (same_dtype and long_indices and cpu_contiguous):
+        decode = compiled_decode_attention if compiler_found() else decode_attention
+        return decode(*tensors)
+    check_bounds(block_tables, seq_lens, key_cache.shape[0], block_size, batch)
     out = torch.empty_like(query)
     pointers = [t.data_ptr() for t in (*tensors, out)]
-    kernel(*pointers, batch, block_tables.shape[1], head_dim**-0.5, torch.get_num_threads())
+    without_memory = kernel(*pointers, batch, block_tables.shape[1], head_dim**-0.5, torch.get_num_threads())
+    if without_memory:
+        raise MemoryError(f"decode attention found no memory for the scores of {without_memory} of {batch} rows")
     return out
 
 
-def check_bounds(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int) -> None:
-    """The C kernel reads wherever the tables point: an IndexError here, not a read outside the pool."""
+def check_bounds(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int, batch: int
+) -> None:
+    """The C kernel reads wherever the tables point, for `batch` rows: an IndexError here, not a read outside
+    the pool or past the end of the tables or the lengths."""
+    if not block_tables.shape[0] == seq_lens.shape[0] == batch:
+        raise IndexError(
+            f"{batch} queries, but block tables for {block_tables.shape[0]} and lengths for {seq_lens.shape[0]}"
+        )
     lowest_block, highest_block = (int(v) for v in torch.aminmax(block_tables))
     shortest, longest = (int(v) for v in torch.aminmax(seq_lens))
     if lowest_block < 0 or highest_block >= num_blocks:
