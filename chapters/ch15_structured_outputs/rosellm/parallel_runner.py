@@ -8,15 +8,19 @@ method itself, then waits for each worker's "done". Inside the forward the ranks
 
 A worker that dies or raises, or anything that interrupts rank 0 in the middle of a call (Ctrl-C included),
 leaves the ranks at different points of the model: every process is stopped, the call raises, and so does
-every later call. Workers ignore Ctrl-C (rank 0 decides) and exit when rank 0's end of their pipe closes.
+every later call. Workers ignore Ctrl-C (rank 0 decides) and end the moment rank 0 is gone, whatever they are
+doing (joining the group, building their runner, waiting in a collective): a thread of each waits for rank 0's
+end of the pipe to close.
 """
 
 import datetime
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import traceback
 import weakref
 from multiprocessing.connection import Connection
@@ -197,6 +201,7 @@ def start_worker() -> tuple[subprocess.Popen, Connection]:
 def worker_main(fd: int) -> None:
     """A worker process: receive its rank, build that rank's runner, then run rank 0's commands until "close"."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=exit_with_rank_0, args=(fd,), name="rosellm-rank-0-watch", daemon=True).start()
     pipe = Connection(fd)
     try:
         rank, size, address, backend, threads, runner_args = pipe.recv()
@@ -218,6 +223,14 @@ def worker_main(fd: int) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def exit_with_rank_0(fd: int) -> None:
+    """End this worker as soon as rank 0's end of the pipe `fd` closes (rank 0 is gone, however it went)."""
+    hang_up = select.poll()
+    hang_up.register(fd, select.POLLHUP)  # reported when the other end closes; reads nothing from the pipe
+    hang_up.poll()
+    os._exit(1)
 
 
 def join_group(backend: str, address: str, rank: int, size: int) -> None:
