@@ -20,7 +20,8 @@ finds the grammar in the cache.
 
 Failures: a step that raises has been rolled back by the engine (a step is a transaction). It is run once more
 (the failure may pass); if it raises again, the requests it scheduled end with `StepFailedError` on their
-streams and are aborted, and the engine thread goes on serving everyone else.
+streams and are aborted, and the engine thread goes on serving everyone else. The rule is `step_or_abort`,
+which chapter 16's engine core runs too.
 """
 
 import asyncio
@@ -28,7 +29,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 from .llm_engine import LLMEngine, StepError
@@ -235,16 +236,13 @@ class AsyncLLMEngine:
 
     def _step(self) -> None:
         start = time.perf_counter()
-        try:
-            outputs = self.engine.step()
-        except Exception:
-            logger.exception("a step failed (the engine rolled it back); running it once more")
-            try:
-                outputs = self.engine.step()
-            except Exception as error:
-                logger.exception("the step failed again; ending the requests it scheduled")
-                self._fail(error)
-                return
+        outputs, failed = step_or_abort(self.engine, self._streams)
+        if failed is not None:
+            error = StepFailedError(failed.message)
+            error.__cause__ = failed.cause
+            for request_id in failed.request_ids:
+                self._end(request_id, error)
+            return
         now = time.perf_counter()
         self.metrics.record_step(now - start)
         for output in outputs:
@@ -258,17 +256,6 @@ class AsyncLLMEngine:
                 del self._streams[output.request_id]
             if not deliver(stream.loop, stream.put, output):  # its event loop is gone: nobody listens
                 self._end(output.request_id)
-
-    def _fail(self, error: Exception) -> None:
-        """End the requests of a step that failed twice with `StepFailedError`: those the engine names, or
-        every request if the step failed before it scheduled any (no request can run)."""
-        cause, request_ids = error, set(self._streams)
-        if isinstance(error, StepError):
-            cause, request_ids = error.__cause__, set(error.request_ids)
-        failure = StepFailedError(f"a step running this request failed twice: {cause!r}")
-        failure.__cause__ = cause
-        for request_id in request_ids:
-            self._end(request_id, failure)
 
     def _end(self, request_id: str, error: BaseException | None = None) -> None:
         """Abort a request in the engine (its blocks are freed at once) and end its stream, with `error`."""
@@ -289,6 +276,38 @@ class AsyncLLMEngine:
         for request_id in list(self._streams):
             self._end(request_id, error)
         self.metrics.record_stats(self.engine.stats())
+
+
+@dataclass
+class FailedStep:
+    """A step that raised twice: the requests it had scheduled (aborted in the engine), and why."""
+
+    request_ids: list[str]
+    cause: BaseException
+
+    @property
+    def message(self) -> str:
+        return f"a step running this request failed twice: {self.cause!r}"
+
+
+def step_or_abort(engine: LLMEngine, in_flight: Iterable[str]) -> tuple[list[RequestOutput], FailedStep | None]:
+    """One step of `engine`, run once more if it raises (the engine rolled it back; the failure may pass).
+    If it raises again: no outputs, and the requests it scheduled, aborted in the engine (every request of
+    `in_flight` if it failed before it scheduled any: then no request can run)."""
+    try:
+        return engine.step(), None
+    except Exception:
+        logger.exception("a step failed (the engine rolled it back); running it once more")
+    try:
+        return engine.step(), None
+    except Exception as error:
+        logger.exception("the step failed again; aborting the requests it scheduled")
+        failed = FailedStep(list(in_flight), error)
+        if isinstance(error, StepError):
+            failed = FailedStep(list(error.request_ids), error.__cause__)
+        for request_id in failed.request_ids:
+            engine.abort_request(request_id)
+        return [], failed
 
 
 def deliver(loop: asyncio.AbstractEventLoop, callback: Callable, *args) -> bool:

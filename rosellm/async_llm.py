@@ -34,7 +34,7 @@ from .core_client import CoreClient
 from .core_protocol import AbortRequests, AddRequest, RequestAccepted, RequestTokens, StepOutputs
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
-from .input_processor import tokenize_prompt
+from .input_processor import copy_sampling_params, tokenize_prompt
 from .loader import load_tokenizer, tokenizer_folder
 from .metrics import EngineMetrics
 from .output_processor import released_text
@@ -151,9 +151,7 @@ class AsyncLLM:
         """Tokenize, send to a core, wait until the core has checked the request: at most one step. Raises the
         engine's ValueError for bad input, EngineStoppedError (EngineDeadError) once stopped. The caller owns
         the returned stream: it must `abort()` it if it stops listening."""
-        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
-        params = dataclasses.replace(sampling_params) if sampling_params else SamplingParams()
+        params = copy_sampling_params(sampling_params)
         text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
         loop = asyncio.get_running_loop()
         stream = RequestStream(uuid.uuid4().hex if request_id is None else str(request_id), loop, self._abort)

@@ -10,14 +10,14 @@ a structured-output constraint is compiled first in a worker thread (xgrammar re
 lock), so that a large schema does not stall the requests running meanwhile.
 
 A step that raises has been rolled back (a step is a transaction). It is run once more; if it raises again,
-its requests are aborted and reported as failed, and the core goes on serving everyone else.
+its requests are aborted and reported as failed, and the core goes on serving everyone else (chapter 10's
+rule, async_engine.step_or_abort).
 
 The process never outlives its front end: a thread waits on the parent's sentinel and ends the process the
 moment the parent is gone, however it went (a crash, SIGKILL). Ctrl-C in a terminal reaches every process of
 the group: the core ignores it and lets the front end decide when to stop it.
 """
 
-import logging
 import multiprocessing
 import os
 import signal
@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 import zmq
 
+from .async_engine import step_or_abort
 from .core_protocol import (
     AbortRequests,
     AddRequest,
@@ -41,10 +42,8 @@ from .core_protocol import (
     decode,
     encode,
 )
-from .llm_engine import LLMEngine, StepError
+from .llm_engine import LLMEngine
 from .outputs import RequestOutput
-
-logger = logging.getLogger(__name__)
 
 
 class EngineCore:
@@ -122,31 +121,14 @@ class EngineCore:
         self._send(RequestAccepted(self.core, message.request_id))
 
     def _step(self) -> None:
-        failed: dict[str, str] = {}
         start = time.perf_counter()
-        try:
-            outputs = self.engine.step()
-        except Exception:
-            logger.exception("a step failed (the engine rolled it back); running it once more")
-            try:
-                outputs = self.engine.step()
-            except Exception as error:
-                logger.exception("the step failed again; aborting the requests it scheduled")
-                outputs, failed = [], self._fail(error)
+        outputs, failed = step_or_abort(self.engine, self.sent)
         seconds = time.perf_counter() - start
-        tokens = [self._new_tokens(output) for output in outputs]
-        self._send(StepOutputs(self.core, tokens, failed, self.engine.stats(), seconds))
-
-    def _fail(self, error: Exception) -> dict[str, str]:
-        """Abort the requests of a step that failed twice: those the engine names, or every one if the step
-        failed before it scheduled any. Returns them, with the error."""
-        cause, request_ids = error, list(self.sent)
-        if isinstance(error, StepError):
-            cause, request_ids = error.__cause__, error.request_ids
-        for request_id in request_ids:
-            self.engine.abort_request(request_id)
+        failures = {} if failed is None else dict.fromkeys(failed.request_ids, failed.message)
+        for request_id in failures:
             self.sent.pop(request_id, None)
-        return {request_id: f"a step running this request failed twice: {cause!r}" for request_id in request_ids}
+        tokens = [self._new_tokens(output) for output in outputs]
+        self._send(StepOutputs(self.core, tokens, failures, self.engine.stats(), seconds))
 
     def _new_tokens(self, output: RequestOutput) -> RequestTokens:
         """The part of a cumulative output the front end has not seen."""

@@ -27,6 +27,16 @@ def is_token_id(value, vocab_size: int) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < vocab_size
 
 
+def copy_sampling_params(sampling_params: SamplingParams | None) -> SamplingParams:
+    """A copy of the caller's params, validated again (None: the defaults), so that changing the caller's object
+    later does not change the request; ValueError for anything but `SamplingParams`."""
+    if sampling_params is None:
+        return SamplingParams()
+    if not isinstance(sampling_params, SamplingParams):
+        raise ValueError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
+    return dataclasses.replace(sampling_params)
+
+
 def tokenize_prompt(prompt, tokenizer, vocab_size: int) -> tuple[str | None, list[int]]:
     """(the prompt's text or None, its checked token ids) from any of the accepted prompt shapes."""
     if isinstance(prompt, dict):
@@ -64,10 +74,7 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt, sampling_params: SamplingParams | None) -> tuple[str | None, Sequence]:
         """(the prompt's text or None, the request's sequence); ValueError naming the limit for bad input."""
-        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
-        # A copy, validated again: changing the caller's object later must not change this request.
-        params = dataclasses.replace(sampling_params) if sampling_params else SamplingParams()
+        params = copy_sampling_params(sampling_params)
         text, token_ids = tokenize_prompt(prompt, self.tokenizer, self.vocab_size)
         check_token_ids(params.stop_token_ids, self.vocab_size, "stop_token_ids")
         seq = Sequence(request_id, token_ids, params, self.eos_token_ids, self.max_model_len)
