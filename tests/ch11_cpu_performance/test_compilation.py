@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-pytestmark = pytest.mark.requires("compiled")
+pytestmark = [pytest.mark.requires("compiled"), pytest.mark.cpu_features]
 
 
 def compiled_graphs() -> int:

@@ -6,7 +6,7 @@ import torch
 
 from tests.ch05_paged_attention.paged_data import dense_attention, make_problem
 
-pytestmark = pytest.mark.requires("compiled")
+pytestmark = [pytest.mark.requires("compiled"), pytest.mark.cpu_features]
 
 # (seq_lens, heads, kv_heads): one sequence, a ragged batch, GQA / MQA / MHA groupings
 DECODE_BATCHES = [

@@ -10,7 +10,7 @@ from tests.ch09_prefix_caching.engine_runs import run
 from tests.engine_options import logits_tolerance
 from tests.oracle import hf_greedy, hf_logits
 
-pytestmark = pytest.mark.requires("compiled")
+pytestmark = [pytest.mark.requires("compiled"), pytest.mark.cpu_features]
 
 
 SHARED = [(j * 31) % 300 + 3 for j in range(21)]

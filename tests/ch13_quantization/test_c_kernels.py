@@ -11,7 +11,7 @@ import torch
 
 from tests.ch05_paged_attention.paged_data import make_problem
 
-pytestmark = pytest.mark.requires("quantization")
+pytestmark = [pytest.mark.requires("quantization"), pytest.mark.cpu_features]
 
 OPENMP, FAST = ("-fopenmp",), ("-O3", "-ffast-math")
 AVX2 = ("-march=x86-64", "-mavx2", "-mfma")

@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.engines import part_of
 from tests.ch09_prefix_caching.engine_runs import run
 
-pytestmark = pytest.mark.requires("compiled")
+pytestmark = [pytest.mark.requires("compiled"), pytest.mark.cpu_features]
 
 SHARED = [(j * 31) % 300 + 3 for j in range(21)]
 

@@ -11,6 +11,8 @@ import torch
 from tests.ch05_paged_attention.paged_data import dense_attention, make_problem
 from tests.ch13_quantization.cpu_levels import VARIABLE, levels
 
+pytestmark = pytest.mark.cpu_features
+
 # (seq_lens, heads, kv_heads, head_dim): one sequence, ragged batches, GQA / MQA / MHA, SmolLM2's shapes
 DECODE_BATCHES = [
     ([1], 4, 2, 16),

@@ -14,7 +14,7 @@ from gguf.quants import quantize
 
 from tests.ch13_quantization.cpu_levels import NATIVE_BF16, VARIABLE, levels
 
-pytestmark = pytest.mark.requires("quantization")
+pytestmark = [pytest.mark.requires("quantization"), pytest.mark.cpu_features]
 
 
 @pytest.fixture

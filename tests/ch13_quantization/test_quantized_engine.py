@@ -14,7 +14,7 @@ from tests.ch09_prefix_caching.engine_runs import run
 from tests.ch11_cpu_performance.test_fast_path import REFERENCE, REQUESTS, SHARED, engine, prompt
 from tests.oracle import hf_greedy, hf_logits
 
-pytestmark = pytest.mark.requires("quantization")
+pytestmark = [pytest.mark.requires("quantization"), pytest.mark.cpu_features]
 
 
 @pytest.fixture
