@@ -11,7 +11,9 @@ It has `AsyncLLMEngine`'s interface (`add_request`, `generate`, `abort_request`,
 `metrics`, `tokenizer`, `max_model_len`) and its guarantees: bad input raises the engine's ValueError and
 queues nothing; leaving a stream and aborting it frees its blocks in its core; a step that fails twice ends
 its requests with `StepFailedError`. And one of its own: a core that dies ends every request in flight with
-`EngineDeadError` within a second, and the front end refuses new ones from then on.
+`EngineDeadError` within a second, and the front end refuses new ones from then on. Nothing here waits for a
+core: messages to the cores are queued under the lock and sent after it, without blocking (core_client.py),
+so a dead core or one that falls behind never freezes the caller's event loop.
 
 A stop string is found here, a step or two after the core sampled the token that completed it: the front end
 keeps the tokens up to that one (the answer is exactly the in-process one) and aborts the request in its core.
@@ -163,7 +165,8 @@ class AsyncLLM:
             core = self.router.route(token_ids)
             request = FrontendRequest(stream, text, token_ids, params, core, loop.create_future())
             self._requests[stream.request_id] = request
-            self.client.send(core, AddRequest(stream.request_id, token_ids, params))
+            self.client.post(core, AddRequest(stream.request_id, token_ids, params))
+        self.client.flush()
         try:
             await request.accepted
         except asyncio.CancelledError:
@@ -253,7 +256,8 @@ class AsyncLLM:
             del self._requests[request_id]
             self.router.release(request.core)
             if abort and self._error is None:
-                self.client.send(request.core, AbortRequests([request_id]))
+                self.client.post(request.core, AbortRequests([request_id]))
+        self.client.flush()
         if deliver_end:
             deliver(request.stream.loop, request.stream.end, error)
 

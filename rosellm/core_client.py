@@ -6,6 +6,12 @@ outputs), as `ipc://` paths in a fresh folder only this user may open; each core
 - the receiver waits on the output socket and hands every message to `on_message` (in that thread);
 - the watcher waits on the processes' sentinels and calls `on_death` the moment a core ends unasked.
 
+Sending never waits, so no caller (the server's event loop among them) can be frozen by a core: callers `post`
+messages under their own lock, where their order is decided, and `flush` them after it. An input socket
+queues without limit (vLLM's choice: ZeroMQ's default high-water mark of 1000 messages would block the sender
+while a busy core falls behind), and a message to a core that has just died is dropped: the watcher ends
+everything that core was running.
+
 Cores are started with `spawn`, never `fork`: the front end runs threads (an event loop, the receiver), and a
 forked copy of a process with threads may hold a lock no thread will ever release. A core splits the front
 end's torch threads with the other cores. Shutdown says `Shutdown` to each, waits 5 s, then kills what is
@@ -21,6 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,8 +56,10 @@ class CoreClient:
         self.inputs = []
         for core in range(num_cores):
             socket = self.context.socket(zmq.PUSH)
+            socket.setsockopt(zmq.SNDHWM, 0)  # no limit: a send never waits for the core
             socket.bind(f"ipc://{self.folder}/inputs-{core}")
             self.inputs.append(socket)
+        self.outbox: deque[tuple[int, object]] = deque()  # (core, message), posted, not yet sent
         self.send_lock = threading.Lock()  # a ZeroMQ socket is used by one thread at a time
         self.stopping = threading.Event()
         threads = max(1, torch.get_num_threads() // num_cores)
@@ -87,11 +96,21 @@ class CoreClient:
         self.receiver.start()
         threading.Thread(target=self._watch, name="rosellm-core-watcher", daemon=True).start()
 
-    def send(self, core: int, message) -> None:
-        data = encode(message)
+    def post(self, core: int, message) -> None:
+        """Queue `message` for `core`: sent by the next `flush`, after every message posted before it."""
+        self.outbox.append((core, message))
+
+    def flush(self) -> None:
+        """Send every posted message, in order, without waiting (see the module docstring)."""
         with self.send_lock:
-            if not self.stopping.is_set():
-                self.inputs[core].send(data, copy=False)
+            while self.outbox:
+                core, message = self.outbox.popleft()
+                if self.stopping.is_set():
+                    continue
+                try:
+                    self.inputs[core].send(encode(message), zmq.NOBLOCK, copy=False)
+                except zmq.Again:  # no core at the other end: it died, and the watcher ends its requests
+                    pass
 
     def shutdown(self) -> None:
         """Stop every core (see the module docstring). Calling it again does nothing."""

@@ -1,7 +1,8 @@
 """When a process goes: an engine core killed mid-stream ends every client's stream with an error within a second,
-and from then on `/health` and new requests answer 503; a server killed outright takes its engine core with it;
-Ctrl-C stops both. A client that disconnects still aborts its request in the core. No process is left behind
-(checked from /proc)."""
+and from then on `/health` and new requests answer 503, even with clients adding and aborting requests at the
+instant it dies; a core that stops reading never freezes the front end. A server killed outright takes its
+engine core with it; Ctrl-C stops both. A client that disconnects still aborts its request in the core. No
+process is left behind (checked from /proc)."""
 
 import asyncio
 import json
@@ -11,13 +12,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.ch10_serving.conftest import MODEL_NAME, RunningServer, wait_until
+from tests.ch10_serving.conftest import MODEL_NAME, RunningServer, module_of, wait_until
 from tests.ch10_serving.test_serve_workload import process_group_members
 from tests.ch16_engine_core.test_async_llm import alive
 
@@ -68,6 +70,119 @@ def test_a_killed_core_ends_every_stream_with_an_error_then_503(checkpoint, tiny
     finally:
         server.stop()
     assert not alive(pid)
+
+
+def in_own_thread(main, timeout: float):
+    """`asyncio.run(main())` on an event loop of its own thread: its result, or a failure if that loop is still
+    busy after `timeout` s (a frozen loop cannot time itself out)."""
+    result = {}
+
+    def run():
+        try:
+            result["value"] = asyncio.run(main())
+        except BaseException as error:
+            result["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"the clients' event loop froze (still running after {timeout} s)"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+async def to_the_end(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+async def outcomes(*awaitables) -> list:
+    """What each awaitable returned or raised (a list returned is spread out), once all have ended."""
+    found = []
+    for outcome in await asyncio.gather(*awaitables, return_exceptions=True):
+        found += outcome if isinstance(outcome, list) else [outcome]
+    return found
+
+
+def test_requests_and_aborts_at_the_instant_a_core_dies_all_end_within_a_second(checkpoint, tiny_model_dirs):
+    """16 streams run; the core is killed; at once half the streams are aborted and 64 clients add requests
+    until the engine refuses one: every other stream and every add ends with the engine's error within a
+    second (a send to the dead core must never block the event loop), and `/health` answers 503."""
+    server = RunningServer(checkpoint, tiny_model_dirs["gqa"], "split", enforce_eager=True)
+    engine, dead = server.async_engine, module_of(checkpoint, "async_llm").EngineDeadError
+    [pid] = [ready.pid for ready in engine.client.ready]
+    params = checkpoint.SamplingParams(max_tokens=240, ignore_eos=True)
+
+    async def client(number: int) -> list:
+        """Adds requests, each without waiting for the one before to be accepted, until one has ended."""
+        adds = []
+        while not any(add.done() for add in adds):
+            adds.append(asyncio.ensure_future(engine.add_request([5 + number, 6, 7], params)))
+            await asyncio.sleep(0.001)
+        return await outcomes(*adds)
+
+    async def main():
+        streams = [await engine.add_request([5, 6, 7], params) for _ in range(16)]
+        for stream in streams:
+            await anext(stream)
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        for stream in streams[::2]:
+            stream.abort()  # an aborted stream simply ends
+        ends = await outcomes(*map(to_the_end, streams[1::2]), *map(client, range(64)))
+        return ends, time.monotonic() - killed
+
+    try:
+        ends, seconds = in_own_thread(main, timeout=10)
+        assert seconds < 1.0 and len(ends) >= 8 + 64
+        assert all(isinstance(end, dead) for end in ends), {type(end).__name__ for end in ends}
+        assert httpx.get(f"{server.url}/health", timeout=2).status_code == 503
+    finally:
+        server.stop()
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_core_that_stops_reading_never_freezes_the_front_end(checkpoint, tiny_model_dirs):
+    """The core is stopped (SIGSTOP): 3000 requests queue for it, more than ZeroMQ's default high-water mark
+    of 1000 messages, while the event loop goes on (a clock on it keeps ticking); then the core is killed and
+    every request ends with the engine's error within a second."""
+    engine = checkpoint.AsyncLLM(str(tiny_model_dirs["gqa"]), enforce_eager=True)
+    dead = module_of(checkpoint, "async_llm").EngineDeadError
+    [pid] = [ready.pid for ready in engine.client.ready]
+
+    async def main():
+        ticks = []
+
+        async def clock():
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        ticking = asyncio.ensure_future(clock())
+        os.kill(pid, signal.SIGSTOP)
+        adds = []
+        for number in range(3000):
+            adds.append(asyncio.ensure_future(engine.add_request([5 + number % 300, 6, 7])))
+            if number % 100 == 0:
+                await asyncio.sleep(0)  # the adds so far are sent
+        await asyncio.sleep(0.2)
+        gaps = [later - earlier for earlier, later in zip(ticks, ticks[1:])]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        ends = await outcomes(*adds)
+        seconds = time.monotonic() - killed
+        ticking.cancel()
+        return gaps, ends, seconds
+
+    try:
+        gaps, ends, seconds = in_own_thread(main, timeout=10)
+        assert max(gaps) < 1.0 and seconds < 1.0
+        assert all(isinstance(end, dead) for end in ends), {type(end).__name__ for end in ends}
+    finally:  # the watcher stops the engine
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def start_server(model: Path) -> tuple[subprocess.Popen, str]:
