@@ -11,9 +11,10 @@ It has `AsyncLLMEngine`'s interface (`add_request`, `generate`, `abort_request`,
 `metrics`, `tokenizer`, `max_model_len`) and its guarantees: bad input raises the engine's ValueError and
 queues nothing; leaving a stream and aborting it frees its blocks in its core; a step that fails twice ends
 its requests with `StepFailedError`. And one of its own: a core that dies ends every request in flight with
-`EngineDeadError` within a second, and the front end refuses new ones from then on. Nothing here waits for a
-core: messages to the cores are queued under the lock and sent after it, without blocking (core_client.py),
-so a dead core or one that falls behind never freezes the caller's event loop.
+`EngineDeadError` within a second (before the other cores are stopped, which may take seconds), and the
+front end refuses new ones from then on. Nothing here waits for a core: messages to the cores are queued
+under the lock and sent after it, without blocking (core_client.py), so a dead core or one that falls behind
+never freezes the caller's event loop.
 
 A stop string is found here, a step or two after the core sampled the token that completed it: the front end
 keeps the tokens up to that one (the answer is exactly the in-process one) and aborts the request in its core.
@@ -262,13 +263,14 @@ class AsyncLLM:
             deliver(request.stream.loop, request.stream.end, error)
 
     def _stop(self, error: EngineStoppedError) -> None:
-        """Refuse new requests, stop the cores, end every request in flight with `error`."""
+        """Refuse new requests, end every request in flight with `error`, then stop the cores (which may wait
+        seconds for a core that does not answer)."""
         with self._lock:
             if self._error is not None:
                 return
             self._error = error
             requests, self._requests = list(self._requests.values()), {}
-        self.client.shutdown()
         for request in requests:
             deliver(request.stream.loop, settle, request.accepted, error)
             deliver(request.stream.loop, request.stream.end, error)
+        self.client.shutdown()

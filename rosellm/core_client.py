@@ -16,13 +16,15 @@ Cores are started with `spawn`, never `fork`: the front end runs threads (an eve
 forked copy of a process with threads may hold a lock no thread will ever release. A core splits the front
 end's torch threads with the other cores. Shutdown says `Shutdown` to each, waits 5 s, then kills what is
 left; it also runs when the interpreter exits, and a core ends by itself if the front end vanishes
-(engine_core.exit_with_parent): no process outlives the server.
+(engine_core.exit_with_parent): no process outlives the server. The socket folder of a front end killed
+outright (SIGKILL) is left behind: the next front end to start removes it, its owner's pid being gone.
 """
 
 import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
+import os
 import shutil
 import tempfile
 import threading
@@ -41,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600  # building an engine converts a GGUF file on its first run, and compiles
 STOP_TIMEOUT_S = 5.0
+FOLDER_PREFIX = "rosellm-ipc-"  # then the front end's pid: rosellm-ipc-<pid>-<random>
 ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError}
 
 
@@ -49,7 +52,9 @@ class CoreClient:
     first core that fails to build its engine raised (a ValueError for a bad option)."""
 
     def __init__(self, model, device: str, dtype, options: dict, num_cores: int):
-        self.folder = Path(tempfile.mkdtemp(prefix="rosellm-"))  # mode 0700: only this user connects
+        remove_stale_folders()
+        # Mode 0700: only this user connects.
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         self.context = zmq.Context()
         self.outputs = self.context.socket(zmq.PULL)
         self.outputs.bind(f"ipc://{self.folder}/outputs")
@@ -157,6 +162,24 @@ class CoreClient:
             core = sentinels[ended]
             self.processes[core].join(timeout=1)  # reaped, so that its exit code is known
             self.on_death(core, self.processes[core].exitcode)
+
+
+def remove_stale_folders() -> None:
+    """Remove the socket folders whose front end is gone (killed before it could remove its own)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        owner = folder.name.removeprefix(FOLDER_PREFIX).split("-")[0]
+        if owner.isdigit() and not is_running(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)  # another user's stays: its mode 0700 keeps us out
+
+
+def is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, and is another user's
+        return True
+    return True
 
 
 def stop_cores(processes: list, inputs: list, context: zmq.Context, folder: Path, stopping: threading.Event) -> None:

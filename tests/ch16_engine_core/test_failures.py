@@ -1,8 +1,8 @@
 """When a process goes: an engine core killed mid-stream ends every client's stream with an error within a second,
 and from then on `/health` and new requests answer 503, even with clients adding and aborting requests at the
-instant it dies; a core that stops reading never freezes the front end. A server killed outright takes its
-engine core with it; Ctrl-C stops both. A client that disconnects still aborts its request in the core. No
-process is left behind (checked from /proc)."""
+instant it dies, and with another core that no longer answers; a core that stops reading never freezes the
+front end. A server killed outright takes its engine core with it; Ctrl-C stops both. A client that disconnects
+still aborts its request in the core. No process is left behind (checked from /proc)."""
 
 import asyncio
 import json
@@ -185,12 +185,42 @@ def test_a_core_that_stops_reading_never_freezes_the_front_end(checkpoint, tiny_
             os.kill(pid, signal.SIGKILL)
 
 
-def start_server(model: Path) -> tuple[subprocess.Popen, str]:
-    """`python -m rosellm serve` on `model` in a session of its own; returns it and its URL once it serves."""
+def test_a_dead_core_ends_the_streams_before_the_other_cores_are_stopped(checkpoint, tiny_model_dirs):
+    """Two cores; core 1 stops answering (SIGSTOP) and core 0 is killed: the streams on both end with the
+    engine's error within a second, without waiting the 5 s given to core 1 to stop; then core 1 is gone."""
+    engine = checkpoint.AsyncLLM(str(tiny_model_dirs["gqa"]), data_parallel_size=2, enforce_eager=True)
+    dead = module_of(checkpoint, "async_llm").EngineDeadError
+    pids = [ready.pid for ready in engine.client.ready]
+    params = checkpoint.SamplingParams(max_tokens=240, ignore_eos=True)
+
+    async def main():
+        streams = [await engine.add_request([5 + number, 6, 7], params) for number in range(4)]
+        for stream in streams:
+            await anext(stream)
+        assert engine.router.loads == [2, 2]
+        os.kill(pids[1], signal.SIGSTOP)
+        os.kill(pids[0], signal.SIGKILL)
+        killed = time.monotonic()
+        ends = await outcomes(*map(to_the_end, streams))
+        return ends, time.monotonic() - killed
+
+    try:
+        ends, seconds = in_own_thread(main, timeout=15)
+        assert seconds < 1.0 and all(isinstance(end, dead) for end in ends), (seconds, ends)
+        wait_until(lambda: not any(map(alive, pids)), timeout=10)
+    finally:  # the watcher stops the engine
+        for pid in filter(alive, pids):
+            os.kill(pid, signal.SIGKILL)
+
+
+def start_server(model: Path, temporary: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """`python -m rosellm serve` on `model` in a session of its own, with its temporary files in `temporary`
+    if given; returns it and its URL once it serves."""
     command = [sys.executable, "-m", "rosellm", "serve", "--model", str(model), "--port", "0", "--enforce-eager"]
     restore_ctrl_c = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 (see ch10's CLI test)
+    env = os.environ | ({} if temporary is None else {"TMPDIR": str(temporary)})
     process = subprocess.Popen(
-        command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=restore_ctrl_c
+        command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=restore_ctrl_c, env=env
     )
     for line in process.stderr:
         if address := re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line):
@@ -213,6 +243,29 @@ def test_no_process_outlives_the_server(tiny_model_dirs, how):
     finally:
         if process_group_members(process.pid):  # a failed check above: leave nothing running
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_the_sockets_of_a_killed_server_are_removed_at_the_next_start(tiny_model_dirs, tmp_path):
+    """A server killed outright leaves its `ipc://` folder; the next server to start removes it (its owner is
+    dead), and a server stopped by Ctrl-C removes its own."""
+    servers = []
+    try:
+        servers.append(start_server(tiny_model_dirs["gqa"], tmp_path)[0])
+        [left] = tmp_path.glob("rosellm-*")
+        servers[0].kill()
+        servers[0].wait(timeout=30)
+        wait_until(lambda: not process_group_members(servers[0].pid), timeout=3)
+        assert left.exists()
+        servers.append(start_server(tiny_model_dirs["gqa"], tmp_path)[0])
+        [own] = tmp_path.glob("rosellm-*")
+        assert own != left and not left.exists()
+        servers[1].send_signal(signal.SIGINT)
+        assert servers[1].wait(timeout=30) == 130
+        assert not list(tmp_path.glob("rosellm-*"))
+    finally:
+        for server in servers:
+            if process_group_members(server.pid):  # a failed check above: leave nothing running
+                os.killpg(server.pid, signal.SIGKILL)
 
 
 @pytest.mark.model
