@@ -121,16 +121,19 @@ def _kernel(
     return kernel
 
 
-def kernel_decode_attention(query, key_cache, value_cache, block_tables, seq_lens) -> torch.Tensor:
+def kernel_decode_attention(
+    query, key_cache, value_cache, block_tables, seq_lens, setting: tuple | None = None
+) -> torch.Tensor:
     """`decode_attention` by the C kernel, where it serves the shapes, dtype and device; else compiled, or
-    eagerly where nothing can be compiled.
+    eagerly where nothing can be compiled. `setting`: `c_kernels.setting()`, read now when not given.
 
     query [batch, heads, head_dim]; key_cache, value_cache [num_blocks, block_size, kv_heads, head_dim];
     block_tables [batch, blocks] and seq_lens [batch], int64 -> [batch, heads, head_dim]
     """
     batch, heads, head_dim = query.shape
     block_size, kv_heads = key_cache.shape[1:3]
-    kernel = _kernel(query.dtype, head_dim, heads // kv_heads, kv_heads, block_size, c_kernels.setting())
+    setting = c_kernels.setting() if setting is None else setting
+    kernel = _kernel(query.dtype, head_dim, heads // kv_heads, kv_heads, block_size, setting)
     tensors = (query, key_cache, value_cache, block_tables, seq_lens)
     same_dtype = key_cache.dtype == value_cache.dtype == query.dtype
     long_indices = block_tables.dtype == seq_lens.dtype == torch.long
@@ -171,6 +174,7 @@ class CpuPlan:
     fresh_prompts: list[tuple[int, int]]  # query rows start:end of each prompt with nothing cached
     decode_groups: list[GroupPlan]  # decode rows, grouped by length
     others: GroupedAttentionPlan  # the rest: prompt chunks after a cached or computed beginning
+    kernel_setting: tuple  # c_kernels.setting(), read once for the forward's every layer
 
 
 class CpuAttentionBackend:
@@ -194,6 +198,7 @@ class CpuAttentionBackend:
             fresh_prompts=[(starts[b], starts[b + 1]) for b in fresh],
             decode_groups=[GroupPlan(rows, metadata, block_size) for rows in row_groups(metadata, decode)],
             others=self.grouped.plan(metadata, block_size, others),
+            kernel_setting=c_kernels.setting(),
         )
 
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -209,7 +214,7 @@ class CpuAttentionBackend:
         out = self.grouped.paged_attention(query, key_cache, value_cache, replace(metadata, plan=plan.others))
         for group in plan.decode_groups:
             out[group.tokens] = kernel_decode_attention(
-                query[group.tokens], key_cache, value_cache, group.block_tables, group.seq_lens
+                query[group.tokens], key_cache, value_cache, group.block_tables, group.seq_lens, plan.kernel_setting
             )
         keys, values = key_cache.flatten(0, 1), value_cache.flatten(0, 1)  # [slots, kv_heads, head_dim]
         for start, end in plan.fresh_prompts:
