@@ -18,8 +18,8 @@ AVX2 = ("-march=x86-64", "-mavx2", "-mfma")
 AVX512 = (*AVX2, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl")
 
 # (platform.machine(), compiler, level, masked) -> the first flag set tried. No ARM machine runs these tests:
-# the table is what pins ARM's flags (-march=native is no flag for GCC on aarch64 before 6 nor for Apple's
-# clang, -mcpu=native is), and the fallbacks below are what a refused flag leads to.
+# the table is what pins ARM's flags (Apple's clang, and older clang and GCC on aarch64, refuse -march=native
+# and take -mcpu=native; Apple's clang refuses -mcpu on x86), and the fallbacks are what a refused flag leads to.
 FIRST_FLAGS = [
     ("x86_64", "gcc", "avx512_bf16", False, ("-O3", "-march=native", "-ffast-math", *OPENMP)),
     ("AMD64", "clang", "avx2", False, ("-O3", "-march=native", "-ffast-math", *OPENMP)),
