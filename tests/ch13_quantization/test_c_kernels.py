@@ -23,6 +23,7 @@ AVX512 = (*AVX2, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl")
 FIRST_FLAGS = [
     ("x86_64", "gcc", "avx512_bf16", False, ("-O3", "-march=native", "-ffast-math", *OPENMP)),
     ("AMD64", "clang", "avx2", False, ("-O3", "-march=native", "-ffast-math", *OPENMP)),
+    ("x86_64", "apple-clang", "avx2", False, ("-O3", "-march=native", "-ffast-math")),  # an Intel Mac
     ("x86_64", "gcc", "baseline", True, ("-O3", "-march=x86-64", "-ffast-math", *OPENMP)),
     ("x86_64", "clang", "avx2", True, ("-O3", *AVX2, "-ffast-math", *OPENMP)),
     ("x86_64", "gcc", "avx512", True, ("-O3", *AVX512, "-ffast-math", *OPENMP)),
