@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .llm_engine import LLMEngine, StepError
@@ -128,6 +129,7 @@ class AsyncLLMEngine:
         self.engine = engine
         self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
         self.metrics = EngineMetrics()
+        self._compiler = ThreadPoolExecutor(thread_name_prefix="rosellm-grammar")  # constraints, off this thread
         self._lock = threading.Condition()  # guards the two fields below; the engine thread sleeps on it
         self._pending: list[AddRequest | AbortRequest] = []  # for the engine thread, in arrival order
         self._stopping = False
@@ -151,7 +153,7 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         constraint = getattr(sampling_params, "structured_outputs", None)
         if constraint is not None:  # off the engine thread (module docstring); a bad one raises ValueError here
-            await loop.run_in_executor(None, self.engine.grammars.compile, constraint)
+            await asyncio.wrap_future(self.engine.grammars.compile_off_thread(constraint, self._compiler))
         stream = RequestStream(uuid.uuid4().hex if request_id is None else str(request_id), loop, self._abort)
         accepted = loop.create_future()
         if not self._submit(AddRequest(stream, prompt, sampling_params, accepted)):
@@ -184,6 +186,7 @@ class AsyncLLMEngine:
         with self._lock:
             self._stopping = True
             self._lock.notify()
+        self._compiler.shutdown(wait=False, cancel_futures=True)
         if threading.current_thread() is not self.thread:
             self.thread.join()
 

@@ -37,7 +37,7 @@ from .core_client import CoreClient
 from .core_protocol import AbortRequests, AddRequest, RequestAccepted, RequestTokens, StepOutputs
 from .detokenizer import IncrementalDetokenizer
 from .engine_config import EngineConfig
-from .input_processor import copy_sampling_params, tokenize_prompt
+from .input_processor import check_request_id_free, copy_sampling_params, tokenize_prompt
 from .loader import load_tokenizer, tokenizer_folder
 from .metrics import EngineMetrics
 from .output_processor import released_text
@@ -161,8 +161,7 @@ class AsyncLLM:
         with self._lock:
             if self._error is not None:
                 raise self._error
-            if stream.request_id in self._requests:
-                raise ValueError(f"request id {stream.request_id!r} is already in use")
+            check_request_id_free(stream.request_id, self._requests)
             core = self.router.route(token_ids)
             request = FrontendRequest(stream, text, token_ids, params, core, loop.create_future())
             self._requests[stream.request_id] = request

@@ -89,16 +89,14 @@ class EngineCore:
             if message.params.structured_outputs is None:
                 self._add(message)
             else:
-                self.compiling.append((message, self.compiler.submit(self._compile, message)))
+                constraint = message.params.structured_outputs
+                self.compiling.append((message, self.engine.grammars.compile_off_thread(constraint, self.compiler)))
         elif isinstance(message, AbortRequests):
             aborted = set(message.request_ids)
             self.compiling = [(add, job) for add, job in self.compiling if add.request_id not in aborted]
             for request_id in aborted:
                 self.engine.abort_request(request_id)
                 self.sent.pop(request_id, None)
-
-    def _compile(self, message: AddRequest) -> None:
-        self.engine.grammars.compile(message.params.structured_outputs)
 
     def _add_compiled(self) -> bool:
         """Add the requests whose constraint has compiled (or failed to: the add reports it)."""

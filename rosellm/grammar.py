@@ -15,6 +15,7 @@ compiled once per engine, when the first request asking for it is added (never i
 import json
 import re
 import threading
+from concurrent.futures import Executor, Future
 
 import torch
 import xgrammar
@@ -59,6 +60,12 @@ class GrammarCache:
         with self._lock:
             self.num_compiled += 1
             return self._grammars.setdefault(key, grammar)  # a thread that compiled it meanwhile wins
+
+    def compile_off_thread(self, params: StructuredOutputsParams, executor: Executor) -> Future:
+        """`compile` on a thread of `executor`, as both serving engines do before they queue a constrained
+        request: a large schema takes seconds, which the thread running the steps must not spend. The
+        future's exception is `compile`'s ValueError."""
+        return executor.submit(self.compile, params)
 
     def _compile(self, params: StructuredOutputsParams) -> xgrammar.CompiledGrammar:
         compiler = self.compiler

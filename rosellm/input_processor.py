@@ -27,6 +27,12 @@ def is_token_id(value, vocab_size: int) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < vocab_size
 
 
+def check_request_id_free(request_id: str, in_flight) -> None:
+    """ValueError if `request_id` names a request still in flight (`in_flight`: their ids)."""
+    if request_id in in_flight:
+        raise ValueError(f"request id {request_id!r} is already in use")
+
+
 def copy_sampling_params(sampling_params: SamplingParams | None) -> SamplingParams:
     """A copy of the caller's params, validated again (None: the defaults), so that changing the caller's object
     later does not change the request; ValueError for anything but `SamplingParams`."""

@@ -23,7 +23,7 @@ from torch.profiler import record_function
 from .block_manager import BlockManager
 from .engine_config import EngineConfig
 from .grammar import GrammarCache, grammar_checked, mask_draft_logits, mask_logits
-from .input_processor import InputProcessor
+from .input_processor import InputProcessor, check_request_id_free
 from .loader import load_tokenizer, tokenizer_folder
 from .model_runner import ModelRunner
 from .output_processor import RequestState
@@ -138,8 +138,7 @@ class LLMEngine:
         {"prompt_token_ids": [...]}; request_id None picks a free one. Returns the request id.
         Bad input raises ValueError naming the limit, and nothing is queued."""
         request_id = self._new_request_id() if request_id is None else str(request_id)
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        check_request_id_free(request_id, self.requests)
         text, seq = self.input_processor.process(request_id, prompt, sampling_params)
         constraint = seq.params.structured_outputs
         grammar = None if constraint is None else self.grammars.compile(constraint)  # before the step, once
