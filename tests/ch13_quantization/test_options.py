@@ -121,6 +121,23 @@ def test_default_path_is_fp32_dense(checkpoint, tiny_model_dirs):
     assert engine.model_runner.kv_pool.keys.dtype == torch.float32
 
 
+@pytest.mark.parametrize("option", [None, "int8"])
+def test_the_options_are_checked_once_per_engine(checkpoint, quantization, tiny_model_dirs, monkeypatch, option):
+    """The engine checks its options before it reads anything; the loader only resolves the dtype (a GGUF
+    file's header, read by the check, is not read twice)."""
+    llm_engine = importlib.import_module(f"{checkpoint.__name__}.llm_engine")
+    calls = []
+
+    def counted(*args, original=quantization.check_options):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(quantization, "check_options", counted)
+    monkeypatch.setattr(llm_engine, "check_options", counted)
+    checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), enforce_eager=True, quantization=option)
+    assert len(calls) == 1
+
+
 def slow_bf16_warnings(records) -> list:
     return [r for r in records if r.levelno == logging.WARNING and "without native bf16" in r.getMessage()]
 

@@ -61,9 +61,9 @@ def load_model(
     the slice of tensor-parallel rank `rank` (tensor_parallel.py), whose config counts the rank's heads.
     `quantization` and `dtype`: see quantization.py (None: fp32 on CPU, bf16 on CUDA). The model's
     `dtype` is its compute dtype."""
-    from .quantization import check_options, load_gguf_model, quantize_projections
+    from .quantization import compute_dtype, load_gguf_model, quantize_projections
 
-    dtype = check_options(model, device, dtype, quantization)
+    dtype = compute_dtype(dtype, quantization, device)  # the options were checked by the engine, once
     if quantization == "gguf":
         net = load_gguf_model(model_source(model), dtype)
     else:
