@@ -148,6 +148,18 @@ def test_embedding_dequantizes_the_looked_up_rows(ql, quantization):
     assert torch.equal(embedding(ids), head.dequantize()[ids].to(torch.bfloat16))
 
 
+def test_the_embedding_moves_with_the_model(ql, quantization):
+    """`.to()` moves every tensor of the quantized embedding with the model (here to the "meta" device, which
+    stands for a GPU on a machine without one)."""
+    net = torch.nn.Module()
+    net.lm_head = ql.quantized_linear(quantized_weight(ql, quantization, "Q8_0"), None, torch.float32)
+    net.embed_tokens = ql.QuantizedEmbedding(net.lm_head, torch.float32)
+    net.to("meta")
+    tensors = dict(net.named_buffers(remove_duplicate=False)) | dict(net.named_parameters(remove_duplicate=False))
+    assert {"embed_tokens.codes", "embed_tokens.scales"} <= tensors.keys()
+    assert {name: t.device.type for name, t in tensors.items()} == {name: "meta" for name in tensors}
+
+
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_quantizing_rounds_to_within_half_a_step(quantization, kind):
     weight = torch.randn(OUT, IN, generator=torch.Generator().manual_seed(1))

@@ -265,7 +265,9 @@ class QuantizedEmbedding(nn.Module):
 
     def __init__(self, head: Int8Linear, dtype: torch.dtype):
         super().__init__()
-        self.codes, self.scales = head.codes, head.scales  # [vocab, hidden] int8, [vocab, hidden / group]
+        # Buffers, so that `.to()` moves them with the model (the head's are the same tensors until then).
+        self.register_buffer("codes", head.codes)  # [vocab, hidden] int8
+        self.register_buffer("scales", head.scales)  # [vocab, hidden / group] fp32
         self.group, self.dtype = head.group, dtype
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
