@@ -6,6 +6,8 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 pytestmark = pytest.mark.requires("quantization")
 
@@ -158,6 +160,37 @@ def test_the_embedding_moves_with_the_model(ql, quantization):
     tensors = dict(net.named_buffers(remove_duplicate=False)) | dict(net.named_parameters(remove_duplicate=False))
     assert {"embed_tokens.codes", "embed_tokens.scales"} <= tensors.keys()
     assert {name: t.device.type for name, t in tensors.items()} == {name: "meta" for name in tensors}
+
+
+class WholeWeightPasses(TorchDispatchMode):
+    """Counts the operations (views aside) whose output holds at least `size` elements: passes over a whole
+    weight."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size, self.passes = size, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view and any(isinstance(t, torch.Tensor) and t.numel() >= self.size for t in tree_leaves(out)):
+            self.passes.append(func.__name__)
+        return out
+
+
+# A model's load builds one layer per weight, and each pass over a weight costs about as much as reading it:
+# the int4 kernel's int32 copy of the codes and its packing (4-bit formats), one fp32 tensor worked on in
+# place for the dense copy (codes to fp32, - offset, * scale, + minimum), its cast to the compute dtype. Q8_0
+# adds its two 4-bit halves (to int32, + 128, high, low, side by side, packing).
+MOST_PASSES = {"Q4_0": 6, "Q4_1": 6, "int4": 6, "int8": 3, "Q8_0": 9}
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_layer_is_built_in_few_passes_over_its_weight(ql, quantization, kind, dtype):
+    weight = quantized_weight(ql, quantization, kind)
+    with WholeWeightPasses(weight.codes.numel()) as counter:
+        ql.quantized_linear(weight, None, dtype)
+    assert len(counter.passes) <= MOST_PASSES[kind], counter.passes
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])

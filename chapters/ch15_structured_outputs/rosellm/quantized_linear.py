@@ -93,9 +93,15 @@ class QuantizedWeight:
 
 
 def dequantize(codes, scales, minimums, offset: int, group: int) -> torch.Tensor:
-    """(codes - offset) * scales + minimums, each scale and minimum repeated over its group: -> fp32."""
-    weight = (codes.float() - offset) * scales.repeat_interleave(group, dim=-1)
-    return weight if minimums is None else weight + minimums.repeat_interleave(group, dim=-1)
+    """(codes - offset) * scales + minimums, each scale and minimum over its group: -> fp32. One fp32 tensor,
+    worked on in place (a whole model is dequantized at load: each pass over its weights counts)."""
+    weight = codes.reshape(*codes.shape[:-1], -1, group).float()  # [..., groups, group]; codes are integers: a copy
+    if offset:
+        weight.sub_(offset)
+    weight.mul_(scales.unsqueeze(-1))
+    if minimums is not None:
+        weight.add_(minimums.unsqueeze(-1))
+    return weight.reshape(codes.shape)
 
 
 def uses_packed_kernel(x: torch.Tensor, max_rows: int) -> bool:
@@ -186,7 +192,7 @@ class Int4Linear(nn.Module):
         packed, scale_and_zero = pack_for_int4_kernel(weight.codes, weight.scales, zeros, dtype)
         self.register_buffer("packed", packed)
         self.register_buffer("scale_and_zero", scale_and_zero)  # [in / 32, out, 2] in the compute dtype
-        self.register_buffer("dense", self.dequantize().to(dtype))  # [out, in] in the compute dtype
+        self.register_buffer("dense", weight.dequantize().to(dtype))  # [out, in] in the compute dtype
 
     def dequantize(self) -> torch.Tensor:
         """The exact fp32 weight [out, in]."""
@@ -240,7 +246,7 @@ class Int8Linear(nn.Module):
         """The codes as [high | low] halves [out, 2 * in] for the int4 kernel, with their scales and zeros."""
         if self.group != GROUP:
             raise ValueError(f"Int8Linear groups codes by one row or by {GROUP}, not {self.group}")
-        unsigned = self.codes.int() + 128  # [out, in] 0..255
+        unsigned = self.codes.int().add_(128)  # [out, in] 0..255
         halves = torch.cat([unsigned >> 4, unsigned & 15], dim=1)  # [out, 2 * in] 0..15
         scales = torch.cat([16 * self.scales, self.scales], dim=1)
         zeros = torch.cat([torch.zeros_like(self.scales), 8 * self.scales], dim=1)
