@@ -2,13 +2,26 @@
 
 import importlib.util
 
+import gguf
 import pytest
+
+
+def count_header_reads(monkeypatch) -> list:
+    """The files whose header a `gguf.GGUFReader` parses from now on (seconds each: it reads the vocabulary
+    and the merges one string at a time)."""
+    reads, parse = [], gguf.GGUFReader.__init__
+    monkeypatch.setattr(
+        gguf.GGUFReader, "__init__", lambda self, path, *a, **k: reads.append(path) or parse(self, path, *a, **k)
+    )
+    return reads
 
 
 @pytest.mark.model
 def test_gguf_converts_once_into_a_cached_hf_folder(checkpoint, smollm2_path, tmp_path, monkeypatch):
     monkeypatch.setenv("ROSELLM_CACHE", str(tmp_path))
+    header_reads = count_header_reads(monkeypatch)
     folder = checkpoint.loader.resolve_model_folder(smollm2_path)
+    assert len(header_reads) == 1, header_reads  # the tokenizer's conversion does not parse the file again
     assert folder.parent == tmp_path
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert (folder / name).is_file(), name

@@ -172,7 +172,7 @@ def gguf_to_hf_folder(path: Path) -> Path:
 def write_hf_folder_from_gguf(path: Path, out: Path) -> None:
     from gguf import GGUFReader
     from gguf.quants import dequantize
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     reader = GGUFReader(path)
     fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
@@ -196,6 +196,7 @@ def write_hf_folder_from_gguf(path: Path, out: Path) -> None:
     save_file(state, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2))
     # The tokenizer (vocabulary, merges, special tokens, chat template) lives in the same file;
-    # transformers knows how to turn it into a fast tokenizer.
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    # transformers knows how to turn it into a fast tokenizer. Asked by name: AutoTokenizer would parse the
+    # whole file once more (seconds) only to learn that class.
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name)
     tokenizer.save_pretrained(out)

@@ -270,7 +270,8 @@ def write_hf_folder_from_gguf(path: Path, out: Path) -> None:
 
 def write_gguf_tokenizer(path: Path, out: Path) -> None:
     """The tokenizer (vocabulary, merges, special tokens, chat template) lives in the GGUF file;
-    transformers knows how to turn it into a fast tokenizer."""
-    from transformers import AutoTokenizer
+    transformers knows how to turn it into a fast tokenizer. Asked by name: AutoTokenizer would parse the
+    whole file once more (seconds) only to learn that class."""
+    from transformers import PreTrainedTokenizerFast
 
-    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
+    PreTrainedTokenizerFast.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
