@@ -307,13 +307,22 @@ def needs_conversion(source: Path, quantization: str | None = None) -> bool:
 
 
 def load_llm(package, model: str | None, source: Path, options: dict):
-    """`package.LLM(model, **options)`, telling stderr what takes time while it happens."""
+    """`package.LLM(model, **options)`, telling stderr what takes time while it happens, each step timed apart:
+    the conversion of a GGUF file (its first run only), then the load."""
+    convert_first(model, source, options)
     return announced(loading_what(source, options), lambda: package.LLM(model, **options))
 
 
-def loading_what(source: Path, options: dict) -> str:
+def convert_first(model: str | None, source: Path, options: dict) -> None:
+    """Convert a GGUF file into the loader's cache now, timed on its own, if loading it would."""
     if needs_conversion(source, options.get("quantization")):
-        return f"converting {source.name} to a cached Hugging Face folder (first run only, ~20 s)"
+        announced(
+            f"converting {source.name} to a cached Hugging Face folder (first run only)",
+            lambda: loader.resolve_model_folder(model),
+        )
+
+
+def loading_what(source: Path, options: dict) -> str:
     return f"loading {source.name} on {options['device']}"
 
 
@@ -421,6 +430,7 @@ def start_engine(args, source: Path, options: dict):
     if args.in_process:
         return AsyncLLMEngine(load_llm(importlib.import_module(__package__), args.model, source, options).llm_engine)
     cores = args.data_parallel_size
+    convert_first(args.model, source, options)  # once, here, not in each core
     what = f"{loading_what(source, options)}, in {cores} engine-core process{'es' if cores > 1 else ''}"
     return announced(what, lambda: AsyncLLM(args.model, data_parallel_size=cores, **options))
 

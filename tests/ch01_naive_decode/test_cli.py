@@ -3,8 +3,10 @@ reports time to first token and decode speed apart; `--chapter` runs another che
 declared capabilities accept; the loader's own checks decide what a model path is and when it is converted."""
 
 import importlib
+import re
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -162,3 +164,25 @@ def test_conversion_notice_predicts_the_loader_cache(checkpoint, cli, tmp_path, 
     assert cli.needs_conversion(gguf)
     assert loader.gguf_to_hf_folder(gguf) == loader.gguf_cache_folder(gguf)
     assert not cli.needs_conversion(gguf)
+
+
+def test_first_run_times_the_conversion_apart_from_the_load(checkpoint, cli, tmp_path, monkeypatch, capsys):
+    """A first run says how long the GGUF conversion took, measured (never a guess), and then the load."""
+    monkeypatch.setenv("ROSELLM_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"not read: the conversion is replaced below")
+
+    def slow_conversion(path, out):
+        time.sleep(0.5)
+        (out / "model.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(checkpoint.loader, "write_hf_folder_from_gguf", slow_conversion)
+    converted_before_load = []
+    package = SimpleNamespace(LLM=lambda model, **options: converted_before_load.append(not cli.needs_conversion(gguf)))
+    cli.load_llm(package, str(gguf), gguf, {"device": "cpu"})
+    assert converted_before_load == [True]
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(" ", 2)[:2] for line in lines] == [["converting", "tiny.gguf"], ["loading", "tiny.gguf"]]
+    assert "~" not in lines[0]
+    seconds = [float(re.fullmatch(r".* \.\.\. done in (\d+\.\d) s", line).group(1)) for line in lines]
+    assert seconds[0] >= 0.5 > seconds[1]

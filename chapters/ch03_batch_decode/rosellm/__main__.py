@@ -9,12 +9,16 @@ import importlib
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from . import loader
 from .chat_template import chat_prompt
+
+T = TypeVar("T")
 
 DEMO_QUESTIONS = [
     "What is the capital of France?",
@@ -148,18 +152,24 @@ def needs_conversion(source: Path) -> bool:
 
 
 def load_llm(package, model: str | None, source: Path, options: dict):
-    """`package.LLM(model, **options)`, telling stderr what takes time while it happens."""
-    what = (
-        f"converting {source.name} to a cached Hugging Face folder (first run only, ~20 s)"
-        if needs_conversion(source)
-        else f"loading {source.name} on {options['device']}"
-    )
+    """`package.LLM(model, **options)`, telling stderr what takes time while it happens, each step timed apart:
+    the conversion of a GGUF file (its first run only), then the load."""
+    if needs_conversion(source):
+        announced(
+            f"converting {source.name} to a cached Hugging Face folder (first run only)",
+            lambda: loader.resolve_model_folder(model),
+        )
+    return announced(f"loading {source.name} on {options['device']}", lambda: package.LLM(model, **options))
+
+
+def announced(what: str, build: Callable[[], T]) -> T:
+    """`build()`, with `what` on stderr meanwhile (and on a terminal the seconds it takes), then its time."""
     done = threading.Event()
     ticker = threading.Thread(target=show_elapsed, args=(what, done), daemon=True)
     ticker.start()
     start = time.perf_counter()
     try:
-        return package.LLM(model, **options)
+        return build()
     finally:
         done.set()
         ticker.join()

@@ -10,7 +10,9 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -20,6 +22,8 @@ from .engine_config import QUANTIZATIONS
 from .quantization import check_options
 from .speculative_config import SpeculativeConfig
 from .speculative_decoding import check_draft_model
+
+T = TypeVar("T")
 
 DEMO_QUESTIONS = [
     "What is the capital of France?",
@@ -291,18 +295,24 @@ def needs_conversion(source: Path, quantization: str | None = None) -> bool:
 
 
 def load_llm(package, model: str | None, source: Path, options: dict):
-    """`package.LLM(model, **options)`, telling stderr what takes time while it happens."""
-    what = (
-        f"converting {source.name} to a cached Hugging Face folder (first run only, ~20 s)"
-        if needs_conversion(source, options.get("quantization"))
-        else f"loading {source.name} on {options['device']}"
-    )
+    """`package.LLM(model, **options)`, telling stderr what takes time while it happens, each step timed apart:
+    the conversion of a GGUF file (its first run only), then the load."""
+    if needs_conversion(source, options.get("quantization")):
+        announced(
+            f"converting {source.name} to a cached Hugging Face folder (first run only)",
+            lambda: loader.resolve_model_folder(model),
+        )
+    return announced(f"loading {source.name} on {options['device']}", lambda: package.LLM(model, **options))
+
+
+def announced(what: str, build: Callable[[], T]) -> T:
+    """`build()`, with `what` on stderr meanwhile (and on a terminal the seconds it takes), then its time."""
     done = threading.Event()
     ticker = threading.Thread(target=show_elapsed, args=(what, done), daemon=True)
     ticker.start()
     start = time.perf_counter()
     try:
-        return package.LLM(model, **options)
+        return build()
     finally:
         done.set()
         ticker.join()
