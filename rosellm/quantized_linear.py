@@ -14,8 +14,9 @@ bf16 activations, PyTorch's CPU kernels multiply the packed codes directly (`_we
 32 fits the int4 kernel, not the int8 one (a scale per row): its codes run there as two 4-bit halves (see
 `Int8Linear`). With more rows the multiply, not the reading, costs most, and a dense copy of the dequantized
 weight in the compute dtype, made once at load, wins with `F.linear`. With fp32 activations the packed
-kernels lose at every row count, so fp32 compute always takes the dense copy. The cost of that copy: the
-layer holds its codes (0.5 or 1 byte per weight), the kernel's packed codes and the dense copy (2 bytes in
+kernels lose at every row count, so fp32 compute always takes the dense copy, and a layer built for it holds
+no packed codes at all (packing is a third of a layer's load). The cost of the dense copy: the layer holds
+its codes (0.5 or 1 byte per weight), the kernel's packed codes (bf16 only) and the dense copy (2 bytes in
 bf16, 4 in fp32).
 
 The choice is Python, made per call. A graph whose row count is a symbol (any number of tokens) keeps it for
@@ -114,32 +115,41 @@ NAMESPACE = __package__.replace(".", "_")
 
 
 def int4_matmul(
-    x: torch.Tensor, packed: torch.Tensor, scale_and_zero: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    packed: torch.Tensor | None,
+    scale_and_zero: torch.Tensor | None,
+    dense: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """x [rows, in] @ w.T + bias -> [rows, out]: the packed 4-bit kernel or the dense copy `dense` [out, in]."""
-    if not uses_packed_kernel(x, SMALL_BATCH_ROWS):
+    """x [rows, in] @ w.T + bias -> [rows, out]: the packed 4-bit kernel or the dense copy `dense` [out, in]
+    (always, where the layer holds no packed codes)."""
+    if packed is None or not uses_packed_kernel(x, SMALL_BATCH_ROWS):
         return F.linear(x, dense, bias)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, GROUP, scale_and_zero)
     return out if bias is None else out + bias
 
 
 def halves_matmul(
-    x: torch.Tensor, packed: torch.Tensor, scale_and_zero: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    packed: torch.Tensor | None,
+    scale_and_zero: torch.Tensor | None,
+    dense: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """x [rows, in] @ w.T + bias -> [rows, out] for int8 codes packed as their two 4-bit halves side by side
     (`Int8Linear.pack_halves`): the int4 kernel on the inputs twice, [x, x]; or the dense copy."""
-    if not uses_packed_kernel(x, HALVES_ROWS):
+    if packed is None or not uses_packed_kernel(x, HALVES_ROWS):
         return F.linear(x, dense, bias)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(torch.cat([x, x], dim=-1), packed, GROUP, scale_and_zero)
     return out if bias is None else out + bias
 
 
 def int8_matmul(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, dense: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor | None, dense: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x [rows, in] @ w.T + bias -> [rows, out]: the int8 kernel on codes [out, in] with a scale per row
-    (scales [out]), or the dense copy `dense` [out, in]."""
-    if not uses_packed_kernel(x, SMALL_BATCH_ROWS):
+    (scales [out]; None: the layer never runs it), or the dense copy `dense` [out, in]."""
+    if scales is None or not uses_packed_kernel(x, SMALL_BATCH_ROWS):
         return F.linear(x, dense, bias)
     out = torch.ops.aten._weight_int8pack_mm(x, codes, scales)
     return out if bias is None else out + bias
@@ -187,9 +197,10 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales", weight.scales)  # [out, in / 32] fp32
         self.register_buffer("minimums", minimums)  # [out, in / 32] fp32
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
-        # The kernel's layout and its formula w = (code - 8) * scale + zero
-        zeros = minimums + (8 - self.offset) * weight.scales
-        packed, scale_and_zero = pack_for_int4_kernel(weight.codes, weight.scales, zeros, dtype)
+        packed = scale_and_zero = None  # the kernel's layout, for the activations it runs on (None: never)
+        if dtype in PACKED_DTYPES:  # its formula: w = (code - 8) * scale + zero
+            zeros = minimums + (8 - self.offset) * weight.scales
+            packed, scale_and_zero = pack_for_int4_kernel(weight.codes, weight.scales, zeros, dtype)
         self.register_buffer("packed", packed)
         self.register_buffer("scale_and_zero", scale_and_zero)  # [in / 32, out, 2] in the compute dtype
         self.register_buffer("dense", weight.dequantize().to(dtype))  # [out, in] in the compute dtype
@@ -231,21 +242,22 @@ class Int8Linear(nn.Module):
             raise ValueError("Int8Linear takes symmetric int8 codes (no offset, no minimum)")
         self.out_features, self.in_features = weight.shape
         self.group = weight.group
+        if self.group not in (self.in_features, GROUP):
+            raise ValueError(f"Int8Linear groups codes by one row or by {GROUP}, not {self.group}")
         self.register_buffer("codes", weight.codes)  # [out, in] int8
         self.register_buffer("scales", weight.scales)  # [out, in / group] fp32
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
         self.register_buffer("dense", self.dequantize().to(dtype))  # [out, in] in the compute dtype
-        if self.group == self.in_features:
-            self.register_buffer("kernel_scales", weight.scales[:, 0].to(dtype))  # [out] for the int8 kernel
+        packs = dtype in PACKED_DTYPES  # the kernels' copies, for the activations they run on (None: never)
+        if self.group == self.in_features:  # [out] for the int8 kernel
+            self.register_buffer("kernel_scales", weight.scales[:, 0].to(dtype) if packs else None)
         else:
-            packed, scale_and_zero = self.pack_halves(dtype)
+            packed, scale_and_zero = self.pack_halves(dtype) if packs else (None, None)
             self.register_buffer("packed", packed)
             self.register_buffer("scale_and_zero", scale_and_zero)  # [2 * in / 32, out, 2]
 
     def pack_halves(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The codes as [high | low] halves [out, 2 * in] for the int4 kernel, with their scales and zeros."""
-        if self.group != GROUP:
-            raise ValueError(f"Int8Linear groups codes by one row or by {GROUP}, not {self.group}")
         unsigned = self.codes.int().add_(128)  # [out, in] 0..255
         halves = torch.cat([unsigned >> 4, unsigned & 15], dim=1)  # [out, 2 * in] 0..15
         scales = torch.cat([16 * self.scales, self.scales], dim=1)
