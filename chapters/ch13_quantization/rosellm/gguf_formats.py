@@ -9,7 +9,14 @@ A block covers 32 consecutive weights of a row, stored as (little-endian) bytes:
 
 In Q4_0 and Q4_1, byte j holds code j in its low nibble and code j + 16 in its high nibble.
 F32, F16 and BF16 tensors come back dense, in their own dtype.
+
+gguf's reader parses a file's whole header when it opens it, the vocabulary and the merges one string at a
+time: seconds for a real model. `open_gguf` parses each file once per process, for the engine's checks, its
+shape and its tensors alike.
 """
+
+import functools
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,6 +32,17 @@ DENSE_TYPES = {
 }
 BLOCK_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0)
 SUPPORTED_TYPES = (*DENSE_TYPES, *BLOCK_TYPES)
+
+
+def open_gguf(path) -> GGUFReader:
+    """The reader of a GGUF file, parsed at its first use in this process (again if the file changes)."""
+    stat = Path(path).stat()
+    return parsed_gguf(Path(path).resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def parsed_gguf(path: Path, size: int, mtime_ns: int) -> GGUFReader:
+    return GGUFReader(path)  # memory-mapped: the tensors' bytes are read when they are used
 
 
 def check_supported_types(reader: GGUFReader) -> None:
@@ -55,7 +73,10 @@ def read_tensor(tensor: ReaderTensor) -> torch.Tensor | QuantizedWeight:
         return QuantizedWeight(codes, scales, None, offset=0, bits=8, group=GROUP)
     minimums = fp16_field(blocks, 2) if kind == GGMLQuantizationType.Q4_1 else None
     nibbles = blocks[..., -GROUP // 2 :]  # [rows, groups, 16]
-    codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).reshape(rows, cols)  # codes j, then j + 16
+    codes = torch.empty(rows, cols // GROUP, GROUP, dtype=torch.uint8)  # codes j, then j + 16
+    torch.bitwise_and(nibbles, 15, out=codes[..., : GROUP // 2])
+    torch.bitwise_right_shift(nibbles, 4, out=codes[..., GROUP // 2 :])
+    codes = codes.reshape(rows, cols)
     offset = 8 if kind == GGMLQuantizationType.Q4_0 else 0
     return QuantizedWeight(codes, scales, minimums, offset=offset, bits=4, group=GROUP)
 
