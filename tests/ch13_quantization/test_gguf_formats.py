@@ -9,6 +9,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from tests.ch01_naive_decode.test_loading import count_header_reads
+
 pytestmark = pytest.mark.requires("quantization")
 
 
@@ -71,6 +73,50 @@ def test_rope_permutation_of_rows_commutes_with_dequantizing(checkpoint, formats
     weight = formats.read_tensor(tensor)
     permute = checkpoint.loader.undo_rope_permutation
     assert torch.equal(weight.map_rows(lambda t: permute(t, 4)).dequantize(), permute(expected(tensor), 4))
+
+
+def write_tiny_llama(path):
+    """A one-layer Llama as a GGUF file: Q4_1 projections, a Q8_0 token embedding (tied to the LM head), F32
+    norms; a vocabulary of 32 tokens and no tokenizer."""
+    hidden, ffn, heads, kv_heads, vocab = 64, 128, 2, 1, 32
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_context_length(64)
+    writer.add_token_list([f"t{i}" for i in range(vocab)])
+    kv_rows = kv_heads * hidden // heads
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (kv_rows, hidden), "attn_v": (kv_rows, hidden)}
+    shapes |= {"attn_output": (hidden, hidden), "ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden)}
+    shapes |= {"ffn_down": (hidden, ffn)}
+    rng = np.random.default_rng(0)
+    tensors = {f"blk.0.{name}.weight": (shape, "Q4_1") for name, shape in shapes.items()}
+    tensors |= {"token_embd.weight": ((vocab, hidden), "Q8_0")}
+    tensors |= {name: ((hidden,), "F32") for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight")}
+    tensors |= {"output_norm.weight": ((hidden,), "F32")}
+    for name, (shape, kind) in tensors.items():
+        weight = rng.standard_normal(shape).astype(np.float32) * 0.1
+        writer.add_tensor(name, quantize(weight, GGMLQuantizationType[kind]), raw_dtype=GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_file_is_parsed_once_for_the_checks_and_the_load(checkpoint, tmp_path, monkeypatch):
+    """The engine checks a GGUF file's tensor types before it loads them; gguf's reader parses the header
+    (seconds for a real vocabulary) once for both."""
+    quantization = importlib.import_module(f"{checkpoint.__name__}.quantization")
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    header_reads = count_header_reads(monkeypatch)
+    quantization.check_options(str(path), "cpu", None, "gguf")
+    net = quantization.load_gguf_model(path, torch.float32)
+    assert len(header_reads) == 1, header_reads
+    assert type(net.model.embed_tokens).__name__ == "QuantizedEmbedding"
 
 
 def test_unsupported_type_is_named(checkpoint, formats, tmp_path):

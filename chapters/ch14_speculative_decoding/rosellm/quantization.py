@@ -63,11 +63,9 @@ def check_options(model, device, dtype, quantization: str | None) -> torch.dtype
     if quantization == "gguf":
         if source.suffix != ".gguf":
             raise ValueError(f'quantization "gguf" runs a .gguf file as it is; {source} is a Hugging Face folder')
-        from gguf import GGUFReader
+        from .gguf_formats import check_supported_types, open_gguf
 
-        from .gguf_formats import check_supported_types
-
-        check_supported_types(GGUFReader(source))  # memory-mapped: only the header is read
+        check_supported_types(open_gguf(source))  # memory-mapped: only the header is read
     if quantization == "int4":
         check_int4_shapes(read_config(source))
     return dtype
@@ -76,9 +74,9 @@ def check_options(model, device, dtype, quantization: str | None) -> torch.dtype
 def read_config(source: Path) -> ModelConfig:
     """The model's shape from a Hugging Face folder's config.json or a GGUF file's header."""
     if source.is_file():
-        from gguf import GGUFReader
+        from .gguf_formats import open_gguf
 
-        return ModelConfig.from_dict(loader.read_gguf_config(GGUFReader(source)))
+        return ModelConfig.from_dict(loader.read_gguf_config(open_gguf(source)))
     return ModelConfig.from_json(source / "config.json")
 
 
@@ -141,11 +139,9 @@ def set_module(net: nn.Module, name: str, module: nn.Module) -> None:
 
 def load_gguf_model(path: Path, dtype: torch.dtype) -> LlamaForCausalLM:
     """The model of a GGUF file with its quantized tensors as they are (on CPU, in eval mode)."""
-    from gguf import GGUFReader
+    from .gguf_formats import check_supported_types, open_gguf, read_tensor
 
-    from .gguf_formats import check_supported_types, read_tensor
-
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
     check_supported_types(reader)
     config = ModelConfig.from_dict(loader.read_gguf_config(reader))
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
