@@ -1,8 +1,6 @@
 """Loading: the GGUF is converted once into a cached Hugging Face folder; a missing model fails loudly."""
 
 import importlib.util
-import logging
-import re
 
 import gguf
 import pytest
@@ -55,15 +53,3 @@ def test_missing_bundled_model_names_the_install_command(checkpoint, monkeypatch
 def test_a_folder_without_config_is_rejected(checkpoint, tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         checkpoint.LLM(str(tmp_path))
-
-
-@pytest.mark.requires("quantization")
-def test_a_load_says_what_it_loads_and_its_time_quietly(checkpoint, tiny_model_dirs, caplog, capsys):
-    """A quantized load takes seconds more than an fp32 one: the loader logs what it loads and then the time it
-    took (INFO: shown where logging is set up, silent otherwise)."""
-    with caplog.at_level(logging.INFO, logger=checkpoint.loader.__name__):
-        checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), enforce_eager=True, quantization="int8", dtype="float32")
-    lines = [r.getMessage() for r in caplog.records if r.name == checkpoint.loader.__name__]
-    assert len(lines) == 2 and lines[0].startswith("loading ") and "int8" in lines[0], lines
-    assert re.search(r" in \d+\.\d s$", lines[1]), lines
-    assert capsys.readouterr().err == ""

@@ -6,6 +6,8 @@ tokens are fp32's for gguf and int4, or part from them only at a near tie of fp3
 
 import copy
 import importlib
+import logging
+import re
 
 import pytest
 import torch
@@ -165,3 +167,14 @@ def test_smollm2_gguf_fp32_equals_the_dequantized_model(checkpoint, smollm2_llm,
         == smollm2_llm.generate([ids], params, use_tqdm=False)[0].token_ids
     )
     torch.testing.assert_close(gguf.prompt_logits(ids), smollm2_llm.prompt_logits(ids), atol=2e-4, rtol=2e-5)
+
+
+def test_a_load_says_what_it_loads_and_its_time_quietly(checkpoint, tiny_model_dirs, caplog, capsys):
+    """A quantized load takes seconds more than an fp32 one: the loader logs what it loads and then the time it
+    took (INFO: shown where logging is set up, silent otherwise)."""
+    with caplog.at_level(logging.INFO, logger=checkpoint.loader.__name__):
+        checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), enforce_eager=True, quantization="int8", dtype="float32")
+    lines = [r.getMessage() for r in caplog.records if r.name == checkpoint.loader.__name__]
+    assert len(lines) == 2 and lines[0].startswith("loading ") and "int8" in lines[0], lines
+    assert re.search(r" in \d+\.\d s$", lines[1]), lines
+    assert capsys.readouterr().err == ""
