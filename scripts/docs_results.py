@@ -34,6 +34,15 @@ is replaced by that value written with the Python format spec FORMAT (`.1f`, `.0
 is). Numbers in the path index lists (`-1`: the last item). A missing file or key fails the build, naming
 both. A marker written between backticks (`` `<!-- value: ... -->` ``) is left as it is, so that a page can
 show the syntax.
+
+A section (the text under one heading) compares only numbers of one run: a group of `python -m benchmarks
+results` (its files carry the run's id), or for a file measured on its own, its day and CPU. A section that
+quotes files of two runs fails the build, unless it holds the line
+
+    <!-- runs: labelled -->
+
+and then each value in it is followed by its run's letter (<sup>A</sup>, <sup>B</sup>, ...) and the section
+ends with what each letter is (the files, the day, the CPU). A block names its run in its own last line.
 """
 
 import json
@@ -49,6 +58,10 @@ BUSY_SHARE = 0.10  # above this share of the CPU used by other processes, a run 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     results = Path(config.config_file_path).parent / "benchmarks" / "results"
+    try:
+        markdown = "".join(one_run_per_section(section, results) for section in sections(markdown))
+    except ValueError as error:
+        raise PluginError(f"{page.file.src_path}: {error}") from None
 
     def expand(match: re.Match) -> str:
         kind, args = match.group(1), match.group(2).split()
@@ -64,6 +77,72 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             raise PluginError(f"{page.file.src_path}: {match.group(0)}: {error.args[0]}") from None
 
     return VALUE.sub(value, MARKER.sub(expand, markdown))
+
+
+# --- runs: one per section -------------------------------------------------------------------------------
+
+LABELLED = re.compile(r"^<!--\s*runs:\s*labelled\s*-->[ \t]*\n?", re.MULTILINE)
+HEADING = re.compile(r"^#{1,6} ")
+BLOCK_FILES = {"chapter-row": lambda args: ["chapters.json"]}  # blocks that name no file read this one
+
+
+def sections(markdown: str) -> list[str]:
+    """`markdown` cut before each heading (not one inside a code fence); joined, they give it back."""
+    parts, fenced = [""], False
+    for line in markdown.splitlines(keepends=True):
+        fenced ^= line.lstrip().startswith("```")
+        if not fenced and HEADING.match(line) and parts[-1]:
+            parts.append("")
+        parts[-1] += line
+    return parts
+
+
+def run_of(result: dict) -> tuple[str, str]:
+    """(id, words) of the run that measured `result`: its group run of `python -m benchmarks results`, else the
+    day and CPU it was measured on by itself."""
+    cpu, date = result.get("machine", {}).get("cpu", "an unrecorded CPU"), result.get("date", "an unrecorded day")
+    run = result.get("run")
+    if run:
+        return run["id"], f"the {run['group']} run of {date}, on {cpu}"
+    return f"{date} {cpu}", f"{date}, on {cpu}"
+
+
+def quoted_files(section: str) -> list[str]:
+    """The result files a section's markers quote, in order, each once (a missing file is the marker's error)."""
+    names = []
+    for match in MARKER.finditer(section):
+        kind, args = match.group(1), match.group(2).split()
+        names += BLOCK_FILES.get(kind, lambda args: [a for a in args if a.endswith(".json")])(args)
+    names += [m.group(1) for m in VALUE.finditer(section)]
+    return list(dict.fromkeys(names))
+
+
+def one_run_per_section(section: str, results: Path) -> str:
+    """`section` as it is when its numbers come from one run (a `runs: labelled` line dropped); labelled (see
+    the module docstring) when it says so; ValueError naming the runs otherwise."""
+    runs: dict[str, tuple[str, list[str]]] = {}  # id -> (words, files)
+    files = [name for name in quoted_files(section) if (results / name).is_file()]
+    for name in files:
+        run_id, words = run_of(json.loads((results / name).read_text()))
+        runs.setdefault(run_id, (words, []))[1].append(name)
+    if len(runs) <= 1:
+        return LABELLED.sub("", section)
+    if not LABELLED.search(section):
+        title = section.splitlines()[0].lstrip("# ").strip() if HEADING.match(section) else "(the page's top)"
+        found = "; ".join(f"{', '.join(names)} ({words})" for words, names in runs.values())
+        raise ValueError(
+            f"the section {title!r} quotes numbers of {len(runs)} runs: {found}. Measure them in one run "
+            "(python -m benchmarks results), or add <!-- runs: labelled --> to label each number with its run"
+        )
+    letters = {name: chr(ord("A") + i) for i, (_, names) in enumerate(runs.values()) for name in names}
+
+    def labelled(match: re.Match) -> str:
+        letter = letters.get(match.group(1))
+        return match.group(0) + (f"<sup>{letter}</sup>" if letter else "")
+
+    legend = "; ".join(f"<sup>{letters[names[0]]}</sup> {', '.join(names)}: {words}" for words, names in runs.values())
+    body = VALUE.sub(labelled, LABELLED.sub("", section)).rstrip("\n")
+    return f"{body}\n\n*Runs: {legend}.*\n\n"
 
 
 def lookup(result, path: str, name: str = "the result file"):

@@ -177,6 +177,48 @@ def test_a_missing_key_or_file_fails_the_build_naming_them(results_root, marker,
     assert all(word in str(failure.value) for word in ["setup.md", *named])
 
 
+def two_runs(root: Path, same_run: bool = False) -> Path:
+    """a.json and b.json measured on two days; `same_run`: as one group run of `python -m benchmarks results`."""
+    for name, date in (("a.json", "2026-11-26"), ("b.json", "2026-11-27")):
+        result = {"date": date, "machine": {"cpu": "AMD EPYC"}, "ms": 18.04 if name == "a.json" else 34.5}
+        if same_run:
+            result["run"] = {"id": "cpu-2026-11-26-0123abc", "group": "cpu"}
+        (root / "benchmarks" / "results" / name).write_text(json.dumps(result))
+    return root
+
+
+MIXED = "## Batch 1\n\nOurs <!-- value: a.json ms .1f --> ms, theirs <!-- value: b.json ms .1f --> ms.\n"
+
+
+def test_a_section_quoting_two_runs_fails_the_build_naming_them(results_root):
+    with pytest.raises(PluginError) as failure:
+        render(docs_results, "# Page\n\n" + MIXED, two_runs(results_root), src_path="ch14.md")
+    assert all(word in str(failure.value) for word in ["ch14.md", "'Batch 1'", "a.json (2026-11-26", "b.json (2026"])
+
+
+def test_two_sections_may_quote_a_run_each_and_one_run_may_span_two_days(results_root):
+    text = "## A\n\n<!-- value: a.json ms .1f --> ms\n\n## B\n\n<!-- value: b.json ms .1f --> ms\n"
+    assert render(docs_results, text, two_runs(results_root)) == "## A\n\n18.0 ms\n\n## B\n\n34.5 ms\n"
+    one_run = two_runs(results_root, same_run=True)
+    assert render(docs_results, MIXED, one_run).endswith("Ours 18.0 ms, theirs 34.5 ms.\n")
+
+
+def test_a_heading_inside_a_code_fence_does_not_start_a_section(results_root):
+    text = "## A\n\n```\n# a comment\n```\n<!-- value: a.json ms .1f --> and <!-- value: b.json ms .1f -->\n"
+    with pytest.raises(PluginError, match="'A'"):
+        render(docs_results, text, two_runs(results_root))
+
+
+def test_a_labelled_section_letters_each_number_with_its_run(results_root):
+    text = MIXED.replace("\n\n", "\n\n<!-- runs: labelled -->\n\n", 1)
+    shown = render(docs_results, text, two_runs(results_root))
+    assert "Ours 18.0<sup>A</sup> ms, theirs 34.5<sup>B</sup> ms." in shown
+    assert shown.endswith(
+        "*Runs: <sup>A</sup> a.json: 2026-11-26, on AMD EPYC; <sup>B</sup> b.json: 2026-11-27, on AMD EPYC.*\n\n"
+    )
+    assert "runs: labelled" not in shown
+
+
 @pytest.mark.parametrize("page", ["index.md", "setup.md"])
 def test_the_home_and_setup_pages_quote_result_files(page):
     text = (ROOT / "docs" / page).read_text()
