@@ -13,7 +13,7 @@ TORCH_INDEX_URL ?=
 # The slowest tests are listed at the end of every run, so a test that grows slow shows.
 DURATIONS := --durations=15
 
-.PHONY: install demo test test-all test-fast lint docs notebook tags forward-fix bench bench-peers clean-venv site-check
+.PHONY: install demo test test-all test-fast lint docs notebook tags forward-fix bench bench-peers results clean-venv site-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,12 @@ bench-peers: $(STAMP)
 	$(PY) -m benchmarks speculative --peers vllm
 	$(PY) -m benchmarks structured --peers vllm
 	$(PY) -m benchmarks serve --rosellm in-process,split,dp2 --peers vllm --rates 0.5,1,2
+
+# Every result file the book quotes, measured again in three group runs (foundations, cpu, features), each
+# with a manifest in benchmarks/results/runs/ (about three hours on 2 cores, the peers included; run it on an
+# idle machine). `python -m benchmarks results --list` shows the groups; `--group NAME` runs one.
+results: $(STAMP)
+	$(PY) -m benchmarks results
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,4 +1,5 @@
-"""Command line: `python -m benchmarks WORKLOAD [options]`, one per workload module (`benchmarks.WORKLOADS`)."""
+"""Command line: `python -m benchmarks WORKLOAD [options]`, one per workload module (`benchmarks.WORKLOADS`), and
+`python -m benchmarks results [options]`: every file the book quotes, measured group by group (book_results.py)."""
 
 import argparse
 import importlib
@@ -11,7 +12,7 @@ def top_parser() -> argparse.ArgumentParser:
     """The parser of `python -m benchmarks` itself: which workloads there are."""
     epilog = "`python -m benchmarks WORKLOAD --help` lists a workload's options"
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__, epilog=epilog)
-    parser.add_argument("workload", choices=list(WORKLOADS))
+    parser.add_argument("workload", choices=[*WORKLOADS, "results"])
     return parser
 
 
@@ -28,6 +29,11 @@ def workload_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["results"]:
+        from . import book_results
+
+        book_results.main(argv[1:])
+        return
     if not argv or argv[0] not in WORKLOADS:  # --help, or a missing or unknown workload: argparse says so
         top_parser().parse_args(argv)
         return

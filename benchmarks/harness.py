@@ -334,6 +334,8 @@ def measured(args, workload: str, measure, device: str = "cpu") -> dict:
     with OtherLoad() as other:
         body = measure()
     head = dict(workload=workload, command=command_line(), date=datetime.date.today().isoformat(), quick=args.quick)
+    if run := os.environ.get("BENCHMARKS_RUN"):  # one of the files of a group run (book_results.py)
+        head["run"] = json.loads(run)
     head |= dict(model=args.model or SMOLLM2, machine=machine, settings=body.pop("settings"))
     result = head | body | {"correct": body.get("correct", True)}
     result["other_processes_cpu_share"] = machine["other_processes_cpu_share"] = other.share

@@ -793,3 +793,32 @@ def test_a_quantized_gguf_is_rewritten_in_float32_with_its_names_and_metadata(tm
         after.tensors[0].data, gguf.quants.dequantize(before.tensors[0].data, before.tensors[0].tensor_type)
     )
     np.testing.assert_allclose(after.tensors[0].data, weight, atol=0.05)
+
+
+@pytest.mark.workload("arrivals", "long-prompts")
+def test_a_group_run_marks_each_file_with_its_run_and_writes_a_manifest(tiny_gqa, tmp_path):
+    argv = ["results", "--group", "foundations", "--only", "arrivals.json", "long_prompts.json", "--quick"]
+    done = bench(*argv, "--without-peers", "--model", str(tiny_gqa), "--results", str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    manifest = json.loads((tmp_path / "runs" / "foundations.json").read_text())
+    run = manifest["run"]
+    assert run["group"] == "foundations" and run["id"].startswith("foundations-")
+    from benchmarks import book_results
+
+    jobs = [(job["file"], job["status"]) for job in manifest["jobs"]]
+    assert jobs == [("arrivals.json", 0), ("long_prompts.json", 0)]
+    assert manifest["commit"] and manifest["lscpu"] == book_results.lscpu()
+    assert manifest["rates_before"]["bandwidth"]["bytes_per_s_best"] > 0 and "rates_after" in manifest
+    for name in ("arrivals.json", "long_prompts.json"):
+        assert json.loads((tmp_path / name).read_text())["run"] == run
+    assert not list(tmp_path.glob("*.png"))  # a quick run's figures are not the book's
+
+
+def test_every_job_of_the_results_command_is_a_command_its_workload_takes():
+    from benchmarks import book_results
+    from benchmarks.__main__ import workload_parser
+
+    for jobs in book_results.groups().values():
+        for job in jobs:
+            parser, _ = workload_parser(job.workload)
+            parser.parse_args(job.argv(Path("results"), Path("scratch"), False, False, None)[1:])

@@ -230,3 +230,15 @@ def test_the_serve_block_states_the_load_the_run_recorded():
     result = json.loads((ROOT / "benchmarks" / "results" / "serve.json").read_text())
     shown = docs_results.block_serve(ROOT / "benchmarks" / "results", "serve.json")
     assert f"other processes used {100 * result['other_processes_cpu_share']:.0f} % of the CPU meanwhile" in shown
+
+
+def test_every_result_file_is_remeasured_by_one_job_of_the_results_command():
+    from benchmarks import book_results
+
+    made = [job.file for jobs in book_results.groups().values() for job in jobs]
+    assert len(made) == len(set(made))
+    pages = [*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]
+    quoted = {name for page in pages for name in docs_results.quoted_files(page.read_text())}
+    committed = {path.name for path in (ROOT / "benchmarks" / "results").glob("*.json")}
+    not_timed = {"kernel_compile.json"}  # the Triton kernels' compiled shapes, written by benchmarks.kernel_compile
+    assert quoted <= set(made) and committed - not_timed == set(made)
