@@ -112,7 +112,7 @@ SUMMARIES = {
             "verifying them as a short chunk of the paged engine; the rejection rule that keeps the target's "
             "distribution, greedy as its limit; rejected drafts' slots and blocks rolled back"
         ),
-        "emit several tokens per forward at batch 1, exactly the tokens greedy would",
+        "emit several tokens per forward at batch 1, greedy's own tokens but at a near tie",
     ),
     "ch15_structured_outputs": (
         (
