@@ -1,5 +1,7 @@
 """The step-level engine: online arrivals, per-request sampling, abort, bad input, streaming."""
 
+import dataclasses
+
 import pytest
 
 from tests.ch07_continuous_batching.step_tables import whole_prompts
@@ -132,3 +134,8 @@ def test_a_lone_request_may_use_the_watermark(checkpoint, tiny_model_dirs):
     assert [s.request_id for s in engine.scheduler.running] == ["a"]  # 10 blocks: b waits for a
     finished = drain(engine)
     assert set(finished) == {"a", "b"}
+
+
+def test_the_llm_docstring_names_every_engine_option(checkpoint):
+    documented = " ".join(checkpoint.LLM.__doc__.split())
+    assert [f.name for f in dataclasses.fields(checkpoint.EngineConfig) if f.name not in documented] == []

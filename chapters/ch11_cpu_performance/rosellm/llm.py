@@ -15,7 +15,7 @@ Prompt = str | Sequence[int] | dict
 class LLM:
     """Load a model and generate text. `engine_options` are the fields of `EngineConfig` (max_model_len,
     max_num_seqs, max_num_batched_tokens, block_size, num_kv_blocks, kv_cache_memory, watermark,
-    attention_backend, enable_chunked_prefill, enable_prefix_caching)."""
+    attention_backend, enforce_eager, enable_chunked_prefill, enable_prefix_caching)."""
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | None = None, **engine_options):
         self.llm_engine = LLMEngine(model, device, dtype, **engine_options)
