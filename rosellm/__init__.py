@@ -8,7 +8,7 @@ from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 from .structured_outputs import StructuredOutputsParams
 
-__chapter__ = "16_engine_core"
+__chapter__ = "17_layout"
 __capabilities__ = frozenset(
     {
         "kv_cache",
