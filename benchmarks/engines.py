@@ -70,7 +70,8 @@ def timed_run(requests: list, desc: str, submit, advance) -> dict:
 def greedy(engine, max_tokens: int):
     """Greedy, EOS-ignoring sampling parameters from the package an engine comes from (`rosellm` or a
     chapter's frozen copy)."""
-    package = importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
+    module = type(engine).__module__  # rosellm.engine.llm_engine, chapters.ch07_...rosellm.llm_engine
+    package = importlib.import_module(module[: module.index("rosellm") + len("rosellm")])
     return package.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
@@ -217,7 +218,10 @@ def load_hf(spec: dict):
     """transformers' own model for the same weights: the GGUF file read by transformers, or the HF folder."""
     from transformers import AutoModelForCausalLM
 
-    from rosellm.loader import bundled_model_path
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
+    bundled_model_path = loader.bundled_model_path
 
     dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else torch.float32
     path = bundled_model_path() if spec.get("model") is None else Path(spec["model"])

@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
+from chapters import submodule
+
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = (80, 90)  # compute capabilities: sm_80 (A100), sm_90 (H100)
 DTYPES = ("bfloat16", "float16", "float32")  # 16-bit: what a GPU serves in; float32: the IEEE dot precision
@@ -56,7 +58,7 @@ def recording(kernels, launches: list):
 
     with contextlib.ExitStack() as stack:
         for name in KERNEL_MODULES:
-            module = importlib.import_module(f"{kernels.__name__}.{name}")
+            module = submodule(kernels, name)
             for attr, value in vars(module).copy().items():
                 if isinstance(value, KernelInterface):
                     stack.enter_context(mock.patch.object(module, attr, Recorder(value, launches)))
@@ -71,7 +73,7 @@ def recorded_launches(
     import torch
 
     dtype = getattr(torch, dtype_name)
-    kernels = importlib.import_module(f"{checkpoint.__name__}.kernels")
+    kernels = submodule(checkpoint, "kernels")
     build = checkpoint.attention_metadata.AttentionMetadata.build
     tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)  # two sequences of two blocks each
     prefill = build([5, 20], [5, 20], tables, BLOCK_SIZE, torch.device("cpu"))

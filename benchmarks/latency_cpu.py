@@ -92,7 +92,10 @@ def at_batch_1(body: dict, s: dict, model: str | None) -> dict:
 
 def gguf_file(model: str | None):
     """The GGUF whose tensors the "gguf" rows read: the model, when it is one, else the bundled SmolLM2."""
-    from rosellm.loader import bundled_model_path
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
+    bundled_model_path = loader.bundled_model_path
 
     return Path(model) if model and str(model).endswith(".gguf") else bundled_model_path()
 

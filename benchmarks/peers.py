@@ -115,7 +115,11 @@ def environment(peer: Peer, threads: int) -> dict:
 def weights(peer: Peer, model: str | None) -> str:
     """The weights the peer reads, made from `model` (default: the bundled GGUF) by our own code: fp32, or the
     GGUF file itself."""
-    from rosellm.loader import bundled_model_path, resolve_model_folder
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
+    bundled_model_path = loader.bundled_model_path
+    resolve_model_folder = loader.resolve_model_folder
 
     if peer.weights == "hf":
         return str(resolve_model_folder(model))

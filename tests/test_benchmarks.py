@@ -358,7 +358,10 @@ def test_agreement_with_a_baseline():
 @pytest.mark.model  # SmolLM2's config and its GGUF file
 def test_bytes_of_weights_per_token_of_each_format():
     from benchmarks import variants
-    from rosellm.loader import bundled_model_path
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
+    bundled_model_path = loader.bundled_model_path
 
     config = harness.model_config(None)
     fp32 = variants.bytes_per_token("fp32", config)

@@ -1,9 +1,9 @@
 """`/metrics` renders speculative decoding's counters (vLLM's names) and the two rates they give, only when
 speculation is on."""
 
-import importlib
-
 import pytest
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("speculative_decoding")
 
@@ -17,7 +17,7 @@ SPEC_DECODE_SAMPLES = {
 
 
 def module_of(checkpoint, name: str):
-    return importlib.import_module(f"{checkpoint.__name__}.{name}")
+    return submodule(checkpoint, name)
 
 
 @pytest.fixture

@@ -2,11 +2,12 @@
 of its steps add up to the offline engine's; a step that fails twice aborts its requests, reports them as
 failed, frees their blocks, and the core serves the next request; `Shutdown` ends the loop."""
 
-import importlib
 import threading
 
 import pytest
 import zmq
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("engine_core")
 
@@ -15,8 +16,8 @@ class CoreInThread:
     """An `EngineCore` on a fresh engine, run by a thread; `send` and `receive` speak to it as a front end."""
 
     def __init__(self, checkpoint, model_dir):
-        protocol = importlib.import_module(f"{checkpoint.__name__}.core_protocol")
-        engine_core = importlib.import_module(f"{checkpoint.__name__}.engine_core")
+        protocol = submodule(checkpoint, "core_protocol")
+        engine_core = submodule(checkpoint, "engine_core")
         self.protocol, self.context = protocol, zmq.Context()
         self.to_core, self.from_core = self.context.socket(zmq.PUSH), self.context.socket(zmq.PULL)
         self.to_core.bind("inproc://inputs")
