@@ -221,10 +221,9 @@ def load_hf(spec: dict):
     from chapters import submodule
 
     loader = submodule("rosellm", "loader")
-    bundled_model_path = loader.bundled_model_path
 
     dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else torch.float32
-    path = bundled_model_path() if spec.get("model") is None else Path(spec["model"])
+    path = loader.model_source(None) if spec.get("model") is None else Path(spec["model"])
     gguf = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
     hf = AutoModelForCausalLM.from_pretrained(path.parent if gguf else path, dtype=dtype, **gguf)
     hf = hf.to(spec.get("device", "cpu")).eval()

@@ -95,9 +95,8 @@ def gguf_file(model: str | None):
     from chapters import submodule
 
     loader = submodule("rosellm", "loader")
-    bundled_model_path = loader.bundled_model_path
 
-    return Path(model) if model and str(model).endswith(".gguf") else bundled_model_path()
+    return Path(model) if model and str(model).endswith(".gguf") else loader.model_source(None)
 
 
 def report(result: dict) -> None:

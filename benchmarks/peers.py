@@ -118,12 +118,11 @@ def weights(peer: Peer, model: str | None) -> str:
     from chapters import submodule
 
     loader = submodule("rosellm", "loader")
-    bundled_model_path = loader.bundled_model_path
     resolve_model_folder = loader.resolve_model_folder
 
     if peer.weights == "hf":
         return str(resolve_model_folder(model))
-    source = Path(model) if model else bundled_model_path()
+    source = Path(model) if model else loader.model_source(None)
     if source.suffix != ".gguf":
         raise SystemExit(f"{peer.name} reads a GGUF file; {source} is not one")
     if peer.weights == "file":

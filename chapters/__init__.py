@@ -64,6 +64,9 @@ CAPABILITIES = {
     "engine_core": (
         "`AsyncLLM`: the engine in engine-core processes behind a front end (ZeroMQ), data-parallel replicas"
     ),
+    "subpackages": (
+        "modules in subpackages that mirror vLLM's, in layers that import one way (`__layers__`, `__modules__`)"
+    ),
 }
 
 

@@ -5,8 +5,7 @@ from .engine.async_llm import AsyncLLM
 from .engine.llm_engine import LLMEngine
 from .entrypoints.llm import LLM
 from .outputs import CompletionOutput, RequestOutput
-from .sample.sampler import SamplingParams
-from .sampling_params import StructuredOutputsParams
+from .sampling_params import SamplingParams, StructuredOutputsParams
 
 __chapter__ = "17_layout"
 __capabilities__ = frozenset(
@@ -29,7 +28,26 @@ __capabilities__ = frozenset(
         "speculative_decoding",
         "structured_outputs",
         "engine_core",
+        "subpackages",
     }
+)
+# The layers, top first: a module imports from its own layer or the ones below, never above (the package's
+# __init__ and __main__ sit above them all); the last layer's leaves may import one another, without a cycle.
+__layers__ = (
+    "entrypoints",
+    "engine",
+    "metrics",
+    "executor",
+    "structured_output",
+    "spec_decode",
+    "core",
+    "sample",
+    "worker",
+    "model_executor",
+    "distributed",
+    "attention",
+    "platforms",
+    "config envs outputs sampling_params utils",
 )
 # Where each module of chapters 01-16's flat package lives in this one: tests and scripts name a module once,
 # by its flat name, and `chapters.submodule` finds it here (a checkpoint without `__modules__` is flat).

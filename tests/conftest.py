@@ -135,10 +135,9 @@ def smollm2_path() -> Path:
     from chapters import submodule
 
     loader = submodule("rosellm", "loader")
-    bundled_model_path = loader.bundled_model_path
 
     try:
-        return bundled_model_path()
+        return loader.model_source(None)
     except FileNotFoundError as error:
         pytest.fail(str(error))
 

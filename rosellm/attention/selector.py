@@ -5,11 +5,11 @@ Every backend has the same three methods, and holds nothing between calls:
     store_kv(key, value, key_cache, value_cache, slot_mapping)
     paged_attention(query, key_cache, value_cache, metadata) -> output
 
-    "reference"  plain PyTorch (paged_attention.py): the one every other backend is checked against
-    "torch"      PyTorch by row groups (grouped_attention.py), fast on mixed steps (the default off CUDA in
+    "reference"  plain PyTorch (ops/paged_attention.py): the one every other backend is checked against
+    "torch"      PyTorch by row groups (backends/grouped_attn.py), fast on mixed steps (the default off CUDA in
                  eager mode)
     "cpu"        decode rows read the pool in place, compiled; fresh prompts attend to their own keys; the
-                 other rows as "torch" (cpu_attention.py; the default off CUDA; on the CPU alone)
+                 other rows as "torch" (backends/cpu_attn.py; the default off CUDA; on the CPU alone)
     "triton"     the Triton kernels (kernels/; the default on CUDA)
 """
 
@@ -35,6 +35,7 @@ class StatelessBackend:
     name: str
     store_kv: Callable
     paged_attention: Callable
+    graph_decode: Callable | None = None  # a backend that attends one decoding token inside a compiled graph
 
     def plan(self, metadata, block_size: int) -> None:
         return None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..utils import blocks_for
 from .speculative import SpeculativeConfig
 
-QUANTIZATIONS = ("gguf", "int8", "int4")  # quantization.py
+QUANTIZATIONS = ("gguf", "int8", "int4")  # model_executor/model_loader/quantization.py
 
 
 def check_quantization(quantization) -> None:
@@ -28,21 +28,21 @@ class EngineConfig:
                             max_num_seqs sequences of max_model_len tokens need
     kv_cache_memory:        bytes for the KV pool when num_kv_blocks is None
     watermark:              share of the pool kept free when admitting (room for running sequences to grow)
-    attention_backend:      "reference", "torch", "cpu" or "triton" (attention_backend.py); None: "triton"
+    attention_backend:      "reference", "torch", "cpu" or "triton" (attention/selector.py); None: "triton"
                             on CUDA, else "cpu" ("torch" when enforce_eager)
     enforce_eager:          run the decoder layers as plain PyTorch, never `torch.compile`d
     enable_chunked_prefill: split prompts longer than what a step's budget has left over several steps
     enable_prefix_caching:  remember full KV blocks by the hash of their tokens; a prompt starting with
                             remembered blocks reuses them instead of computing them again
-    tensor_parallel_size:   processes that split each layer between them (tensor_parallel.py); with more
+    tensor_parallel_size:   processes that split each layer between them (distributed/tensor_parallel.py); with more
                             than one, `kv_cache_memory` is each rank's
-    quantization:           weights in fewer bytes (quantization.py): None (fp32 weights), "gguf" (a .gguf
-                            file's own quantized tensors), "int8" or "int4" (quantized at load); not with
-                            tensor parallelism
-    speculative_config:     speculative decoding (speculative_config.py): vLLM's dict, e.g. {"method": "ngram",
+    quantization:           weights in fewer bytes (model_executor/model_loader/quantization.py): None (fp32
+                            weights), "gguf" (a .gguf file's own quantized tensors), "int8" or "int4" (quantized
+                            at load); not with tensor parallelism
+    speculative_config:     speculative decoding (speculative.py): vLLM's dict, e.g. {"method": "ngram",
                             "num_speculative_tokens": 4}; None: off
     detokenize:             turn tokens into text and match stop strings in the engine; False leaves both to
-                            the caller (a split server's front end: async_llm.py), whose outputs then carry
+                            the caller (a split server's front end: engine/async_llm.py), whose outputs then carry
                             token ids and no text
     """
 

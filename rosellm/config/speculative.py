@@ -15,7 +15,7 @@ quantization            draft model: its weights' quantization ("int4" by defaul
 
 from dataclasses import dataclass, fields
 
-from ..sample.sampler import integer
+from ..sampling_params import integer
 
 METHODS = ("ngram", "draft_model")
 DEFAULT_PROMPT_LOOKUP = 5

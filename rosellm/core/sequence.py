@@ -13,7 +13,7 @@ at its first token it forks into n sequences (`index` 0 .. n-1) that share the p
 import enum
 from dataclasses import dataclass
 
-from ..sample.sampler import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -1,5 +1,5 @@
 """The front end of a split server (vLLM's `AsyncLLM`): everything around the engine, in the server's process,
-while the engine runs in engine-core processes of its own (engine_core.py).
+while the engine runs in engine-core processes of its own (core.py).
 
 In chapter 10's `AsyncLLMEngine`, the HTTP server, tokenization, detokenization, stop strings and the engine
 share one interpreter, so the engine's step waits whenever the server holds the interpreter lock. Here the
@@ -36,7 +36,7 @@ from ..config.engine import EngineConfig
 from ..metrics.prometheus import EngineMetrics
 from ..model_executor.model_loader.loader import load_tokenizer, tokenizer_folder
 from ..outputs import CompletionOutput, RequestOutput, SpecDecodeStats
-from ..sample.sampler import SamplingParams
+from ..sampling_params import SamplingParams
 from .async_llm_engine import EngineStoppedError, RequestStream, StepFailedError, deliver, settle
 from .core_client import CoreClient
 from .core_protocol import AbortRequests, AddRequest, RequestAccepted, RequestTokens, StepOutputs

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ..metrics.prometheus import EngineMetrics
 from ..outputs import RequestOutput
-from ..sample.sampler import SamplingParams
+from ..sampling_params import SamplingParams
 from .llm_engine import LLMEngine, StepError
 
 logger = logging.getLogger(__name__)

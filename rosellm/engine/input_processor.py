@@ -10,7 +10,7 @@ import numbers
 from ..core.block_manager import BlockManager
 from ..core.scheduler import Scheduler
 from ..core.sequence import Sequence
-from ..sample.sampler import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 def check_token_ids(token_ids, vocab_size: int, what: str = "the prompt") -> list[int]:

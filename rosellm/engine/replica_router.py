@@ -3,7 +3,7 @@
 The least loaded, counted in requests the front end has sent it that have not ended: it knows that number
 exactly, at no cost. With prefix caching on, a core that already holds the start of the prompt saves its
 prefill; the front end cannot see the cores' caches, but it can remember which full blocks of prompts it
-sent where (the same chain of block hashes the block manager keys its cache with, prefix_caching.py). A core
+sent where (the same chain of block hashes the block manager keys its cache with, core/prefix_caching.py). A core
 whose remembered blocks match the prompt's first ones wins, unless it has `PREFIX_LOAD_SLACK` more requests
 than the least loaded: a cache hit is not worth a long queue. The memory per core is a bounded LRU of as
 many blocks as its KV pool holds, so it forgets roughly when the core's cache does.

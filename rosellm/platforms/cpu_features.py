@@ -1,7 +1,7 @@
 """What the CPU can do, as PyTorch's own CPU detection sees it, or less where ROSELLM_CPU_FEATURES says so.
 
 The paths of the engine that depend on the CPU ask here: the compute dtype "auto" picks (`cpu_has_bf16`) and
-what the C kernel is compiled for (`level`, read by c_kernels.py). The levels, lowest first:
+what the C kernel is compiled for (`level`, read by attention/ops/c_kernels.py). The levels, lowest first:
 
     nocc          no C compiler: no C kernel is built, and the "cpu" backend compiles nothing (it runs its
                   tensor algebra eagerly)

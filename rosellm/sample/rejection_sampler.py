@@ -10,7 +10,8 @@ target one at a time, whatever the draft, so speculation changes the speed and n
 
 import torch
 
-from .sampler import SamplingParams, apply_top_k, apply_top_p
+from ..sampling_params import SamplingParams
+from .sampler import apply_top_k, apply_top_p
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

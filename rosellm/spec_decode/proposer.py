@@ -5,7 +5,7 @@ from typing import Protocol
 
 import torch
 
-from ..sample.sampler import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Speculative decoding put together: the draft model checked before anything loads, and the proposer built.
 
-The engine asks the proposer for drafts before each step and verifies them in the step (llm_engine.py,
-rejection_sampler.py); the proposers are ngram_proposer.py and draft_proposer.py.
+The engine asks the proposer for drafts before each step and verifies them in the step (engine/llm_engine.py,
+sample/rejection_sampler.py); the proposers are ngram_proposer.py and draft_proposer.py.
 """
 
 import torch

@@ -6,7 +6,7 @@ per sequence. Here:
 - a group of decode rows is one function of the pool and the block tables, written as plain tensor algebra
   (a gather, a product summed over head_dim, a softmax, a weighted sum over keys); torch.compile (Inductor)
   turns it into loops that load each key and value from its block where it lies (Inductor compiles the C++
-  it writes: where no C++ compiler is found, or at level "nocc" of cpu_features.py, the same function runs
+  it writes: where no C++ compiler is found, or at level "nocc" of platforms/cpu_features.py, the same function runs
   eagerly, gathering the blocks; asked for by name under `enforce_eager`, which keeps the decoder layers
   eager, it is still compiled where it can be). Where the pool holds fp32 or bf16 and a C compiler works,
   the same function written by hand in C (decode_attention.c) runs instead: it reads each block front to
@@ -183,6 +183,7 @@ class CpuAttentionBackend:
     grouped ("torch") backend, which it holds, attends the other rows."""
 
     name = "cpu"
+    graph_decode = staticmethod(decode_attention)  # batch 1's token, attended inside the compiled step
 
     def __init__(self):
         self.grouped = GroupedAttentionBackend()

@@ -94,6 +94,7 @@ class GroupedAttentionBackend:
     It holds nothing between calls: its plan travels with the metadata (`metadata.plan`)."""
 
     name = "torch"
+    graph_decode = None  # nothing to attend inside a compiled graph: the custom operator runs it
 
     def plan(self, metadata: AttentionMetadata, block_size: int, rows: list[int] | None = None) -> GroupedAttentionPlan:
         """The groups of one forward (of the batch's `rows` only, when given), for every layer's

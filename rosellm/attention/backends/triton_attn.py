@@ -1,8 +1,9 @@
-"""Triton kernels for the paged KV pool, each equal to a PyTorch reference of `paged_attention.py`.
+"""The "triton" backend: Triton kernels for the paged KV pool (in attention/ops/), each equal to a PyTorch
+reference of `attention/ops/paged_attention.py`.
 
-    store_kv.py           store_kv          <- paged_attention.store_kv
-    decode_attention.py   split-K decode    <- paged_attention.paged_attention (one new token per sequence)
-    prefill_attention.py  causal prefill    <- paged_attention.paged_attention (any number of new tokens)
+    triton_store_kv.py           store_kv          <- paged_attention.store_kv
+    triton_decode_attention.py   split-K decode    <- paged_attention.paged_attention (one new token per sequence)
+    triton_prefill_attention.py  causal prefill    <- paged_attention.paged_attention (any number of new tokens)
 
 Importing this package imports Triton, which has wheels for Linux only. On a machine without a GPU, Triton
 can only run these kernels in its interpreter, and only if TRITON_INTERPRET=1 is in the environment before

@@ -5,7 +5,7 @@ needs no other tool: its source ships beside this file, is compiled once per mac
 constants into rosellm's cache, and is loaded with ctypes. The constants are the model's shapes (the
 compiler unrolls the loops over them). The code is compiled for this CPU (`-march=native`; `-mcpu=native` on
 ARM, where GCC and Apple's clang mean something else by `-march`), or for the level ROSELLM_CPU_FEATURES
-names (cpu_features.py), and the cache key holds the level, the flags and the CPU's flags: a cache shared by
+names (platforms/cpu_features.py), and the cache key holds the level, the flags and the CPU's flags: a cache shared by
 machines or levels that differ never hands one's code to the other. Where no compiler works, or at level
 "nocc", `load` returns None and the caller keeps its PyTorch path.
 
@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+from ...envs import cache_dir
 from ...platforms import cpu_features
 
 # What each level of cpu_features adds on x86-64 to the architecture alone (-march=x86-64); every level
@@ -129,10 +130,6 @@ def load(name: str, **defines: str | int) -> ctypes.CDLL | None:
 
 def library(name: str, defines: dict) -> ctypes.CDLL | None:
     """`load` without keeping the outcome: the library from the cache folder, or built into it."""
-    from ...model_executor.model_loader.loader import (
-        cache_dir,  # here: the loader imports the model, whose attention imports us
-    )
-
     cc, source = compiler(), Path(__file__).with_name(f"{name}.c")
     if cc is None:
         return None

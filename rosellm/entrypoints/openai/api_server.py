@@ -1,11 +1,11 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over an async engine, run by uvicorn (`python -m rosellm
-serve`): `AsyncLLM`, a front end to engine-core processes (async_llm.py), or chapter 10's `AsyncLLMEngine`,
+serve`): `AsyncLLM`, a front end to engine-core processes (engine/async_llm.py), or chapter 10's `AsyncLLMEngine`,
 the engine driven by a thread of this process (`--in-process`). Both have the same interface.
 
 Routes: GET /v1/models; POST /v1/completions and /v1/chat/completions, streamed as server-sent events when the
 body says `"stream": true` (OpenAI's chunks, then `data: [DONE]`); GET /health; GET /metrics (Prometheus text).
 Both POST routes take a constraint on the answer (`response_format`, `structured_outputs`, `guided_*`:
-openai_protocol.py); the engine compiles it when it takes the request, so a constraint that does not compile is
+protocol.py); the engine compiles it when it takes the request, so a constraint that does not compile is
 a 400 before anything is queued or streamed.
 
 Errors reach clients as OpenAI's JSON (`openai_protocol.APIError`): 400 for a bad request, with the engine's own

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from jinja2 import TemplateError
 
 from ...outputs import CompletionOutput, RequestOutput
-from ...sample.sampler import SamplingParams
-from ...sampling_params import KINDS, StructuredOutputsParams
+from ...sampling_params import KINDS, SamplingParams, StructuredOutputsParams
 from .. import chat_template
 
 # Accepted only with the value that means "off" (or null).

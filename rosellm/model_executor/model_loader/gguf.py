@@ -1,5 +1,6 @@
-"""GGUF's block formats read as they are: each tensor of a `gguf.GGUFReader` as torch tensors, quantized
-ones as codes, scales and minimums (`QuantizedWeight`), without going through fp32.
+"""GGUF files: the header read as a Hugging Face config and its tensor names as Hugging Face's, and the
+block formats read as they are: each tensor of a `gguf.GGUFReader` as torch tensors, quantized ones as
+codes, scales and minimums (`QuantizedWeight`), without going through fp32.
 
 A block covers 32 consecutive weights of a row, stored as (little-endian) bytes:
 
@@ -84,3 +85,74 @@ def read_tensor(tensor: ReaderTensor) -> torch.Tensor | QuantizedWeight:
 def fp16_field(blocks: torch.Tensor, start: int) -> torch.Tensor:
     """The fp16 number at byte `start` of every block [rows, groups, bytes] -> [rows, groups] fp32."""
     return blocks[..., start : start + 2].contiguous().view(torch.float16).squeeze(-1).float()
+
+
+# --- the header: names and config ---------------------------------------------------------------------
+
+GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+GGUF_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    stem, kind = gguf_name.rsplit(".", 1)
+    if stem.startswith("blk."):
+        _, layer, part = stem.split(".", 2)
+        return f"model.layers.{layer}.{GGUF_LAYER_NAMES[part]}.{kind}"
+    return f"{GGUF_GLOBAL_NAMES[stem]}.{kind}"
+
+
+def undo_rope_permutation(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp's converter reorders each head's q/k rows from [2, head_dim/2] (the Hugging Face
+    rotate-half layout) to [head_dim/2, 2] (interleaved pairs). Put them back."""
+    rows, cols = weight.shape  # [num_heads * head_dim, hidden]
+    return weight.reshape(num_heads, rows // num_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def gguf_config(fields: dict, has_output_weight: bool, num_tokens: int) -> dict:
+    arch = fields["general.architecture"]
+    if arch != "llama":
+        raise ValueError(f"only Llama-architecture GGUF files are supported, this one is {arch!r}")
+    heads = fields["llama.attention.head_count"]
+    hidden = fields["llama.embedding_length"]
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": fields.get("llama.vocab_size", num_tokens),
+        "hidden_size": hidden,
+        "intermediate_size": fields["llama.feed_forward_length"],
+        "num_hidden_layers": fields["llama.block_count"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": fields.get("llama.attention.head_count_kv", heads),
+        "head_dim": fields.get("llama.rope.dimension_count", hidden // heads),
+        "rms_norm_eps": fields["llama.attention.layer_norm_rms_epsilon"],
+        "rope_theta": fields.get("llama.rope.freq_base", 10000.0),
+        "max_position_embeddings": fields["llama.context_length"],
+        "tie_word_embeddings": not has_output_weight,
+        "bos_token_id": fields.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": fields.get("tokenizer.ggml.eos_token_id"),
+    }
+
+
+def read_gguf_config(reader) -> dict:
+    """The model's Hugging Face config from a GGUF file's header (a `gguf.GGUFReader`)."""
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        if key in reader.fields:
+            fields[key] = reader.fields[key].contents()
+    names = {t.name for t in reader.tensors}
+    return gguf_config(fields, "output.weight" in names, len(reader.fields["tokenizer.ggml.tokens"].data))

@@ -25,8 +25,9 @@ from ...config.engine import check_quantization
 from ...config.model import ModelConfig
 from ...platforms import cpu_features
 from ..layers.quantized_linear import GROUP, Int8Linear, QuantizedEmbedding, QuantizedWeight, quantized_linear
-from ..models.llama import LlamaForCausalLM
-from . import loader
+from ..models.llama import LlamaForCausalLM, fuse_projections
+from .gguf import hf_tensor_name, read_gguf_config, undo_rope_permutation
+from .weight_utils import model_source
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -60,7 +61,7 @@ def check_options(model, device, dtype, quantization: str | None) -> torch.dtype
     dtype = compute_dtype(dtype, quantization, device)
     if quantization is None:
         return dtype
-    source = loader.model_source(model)
+    source = model_source(model)
     if quantization == "gguf":
         if source.suffix != ".gguf":
             raise ValueError(f'quantization "gguf" runs a .gguf file as it is; {source} is a Hugging Face folder')
@@ -77,7 +78,7 @@ def read_config(source: Path) -> ModelConfig:
     if source.is_file():
         from .gguf import open_gguf
 
-        return ModelConfig.from_dict(loader.read_gguf_config(open_gguf(source)))
+        return ModelConfig.from_dict(read_gguf_config(open_gguf(source)))
     return ModelConfig.from_json(source / "config.json")
 
 
@@ -144,17 +145,17 @@ def load_gguf_model(path: Path, dtype: torch.dtype) -> LlamaForCausalLM:
 
     reader = open_gguf(path)
     check_supported_types(reader)
-    config = ModelConfig.from_dict(loader.read_gguf_config(reader))
+    config = ModelConfig.from_dict(read_gguf_config(reader))
     heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     state = {}
     for tensor in reader.tensors:
-        name = loader.hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name)
         weight = read_tensor(tensor)
         for proj, num_heads in heads.items():
             if name.endswith(f"{proj}.weight"):
-                weight = permute_rows(weight, lambda t, n=num_heads: loader.undo_rope_permutation(t, n))
+                weight = permute_rows(weight, lambda t, n=num_heads: undo_rope_permutation(t, n))
         state[name] = weight
-    state = loader.fuse_projections(state, concatenate)
+    state = fuse_projections(state, concatenate)
     with torch.device("meta"):
         net = LlamaForCausalLM(config)
     quantized = {name: w for name, w in state.items() if isinstance(w, QuantizedWeight)}

@@ -3,11 +3,11 @@ SwiGLU MLP, tied or untied LM head.
 
 Module and parameter names mirror Hugging Face's `LlamaForCausalLM`, except two fused projections: Q, K
 and V are one `qkv_proj` and gate and up one `gate_up_proj` (one GEMM each instead of three and two); the
-loader concatenates the Hugging Face weights (`fuse_projections`).
+loaders concatenate the Hugging Face weights (`fuse_projections`, below).
 
 `compile_step()` hands the whole forward of `LlamaModel` (embedding, every layer, final norm) to
 `torch.compile` as one graph: attention, which reads the KV pool through block tables, is a custom operator
-in it (`attention_op.py`) that runs its backend's Python outside the compiled code.
+in it (`attention/layer.py`) that runs its backend's Python outside the compiled code.
 
 With tensor parallelism each process holds one rank's slice (fewer heads, a narrower MLP: its config says
 how many) and the two row-parallel projections, `o_proj` and `down_proj`, are followed by an all-reduce.
@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...attention import layer as attention_layer
-from ...attention.backends.cpu_attn import decode_attention
 from ...attention.kv_pool import KVPool
 from ...attention.metadata import AttentionMetadata
 from ...attention.selector import REFERENCE_BACKEND
@@ -107,7 +106,7 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=bias)  # rows: Q, then K, then V
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
-        self.backend = REFERENCE_BACKEND  # whose store_kv and paged_attention run (attention_backend.py)
+        self.backend = REFERENCE_BACKEND  # whose store_kv and paged_attention run (attention/selector.py)
         attention_layer.register_backend(self.backend)
 
     def project(
@@ -131,9 +130,9 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Store the new keys and values in this layer's caches, attend over them: -> [num_tokens, heads,
         head_dim]. One custom operator, run by the backend named in it (inside
-        `attention_layer.forward_context(metadata)`). A single new token traced by torch.compile for the "cpu"
-        backend is attended inside the graph instead (`attend_one_token`)."""
-        if torch.compiler.is_compiling() and q.shape[0] == 1 and self.backend.name == "cpu":
+        `attention_layer.forward_context(metadata)`). A single new token traced by torch.compile, for a backend
+        that offers a `graph_decode`, is attended inside the graph instead (`attend_one_token`)."""
+        if torch.compiler.is_compiling() and q.shape[0] == 1 and self.backend.graph_decode is not None:
             return self.attend_one_token(q, k, v, metadata, kv_pool)
         return attention_layer.attention(
             q,
@@ -165,7 +164,7 @@ class Attention(nn.Module):
             pool.index_put_(index, torch.where(store, new, pool[index]))
         key_cache, value_cache = kv_pool.layer(self.layer_index)
         tables = metadata.block_tables.clamp(min=0).long()  # a block past the sequence's end is masked
-        return decode_attention(q, key_cache, value_cache, tables, metadata.seq_lens)
+        return self.backend.graph_decode(q, key_cache, value_cache, tables, metadata.seq_lens)
 
 
 class MLP(nn.Module):
@@ -286,3 +285,21 @@ def mark_dynamic_sizes(input_ids: torch.Tensor, metadata: AttentionMetadata, kv_
     ):
         for dim in dims:
             torch._dynamo.decorators.mark_unbacked(tensor, dim)
+
+
+FUSED_PROJECTIONS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def fuse_projections(state: dict, concatenate=torch.cat) -> dict:
+    """Hugging Face's separate q/k/v and gate/up weights (and biases) -> our fused ones, their rows
+    concatenated in that order: one [out_q + out_k + out_v, hidden] matrix does the three GEMMs' work.
+    `concatenate` joins the parts' rows (quantized weights bring their own)."""
+    state = dict(state)
+    for fused, (first, *rest) in FUSED_PROJECTIONS.items():
+        for name in [n for n in state if f".{first}." in n]:  # e.g. model.layers.3.self_attn.q_proj.weight
+            parts = [name.replace(first, part) for part in (first, *rest)]
+            state[name.replace(first, fused)] = concatenate([state.pop(part) for part in parts])
+    return state
