@@ -76,9 +76,14 @@ class BlockManager:
 
     def trim(self, seq: Sequence) -> None:
         """Give back the blocks beyond those `seq`'s computed tokens fill (slots of rejected drafts)."""
-        keep = self.blocks_needed(seq.num_computed_tokens)
-        self.allocator.free(*seq.block_table[keep:])
-        del seq.block_table[keep:]
+        self.shrink(seq, seq.num_computed_tokens)
+
+    def shrink(self, owner, num_slots: int) -> None:
+        """Give back the blocks of `owner` (anything with a `block_table`: a sequence, a draft model's
+        record) beyond those its first `num_slots` slots fill."""
+        keep = self.blocks_needed(num_slots)
+        self.allocator.free(*owner.block_table[keep:])
+        del owner.block_table[keep:]
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` reads the same blocks as `parent`: one owner more for each."""

@@ -167,16 +167,16 @@ def run_engine_core(
         outputs.send(encode(CoreStartFailed(core, type(error).__name__, str(error))))
         outputs.close(linger=1000)  # let the message leave before the process ends
         raise SystemExit(1) from None
-    blocks = engine.block_manager
+    stats = engine.stats()
     ready = CoreReady(
         core,
         os.getpid(),
         engine.max_model_len,
-        engine.model.config.vocab_size,
-        blocks.block_size,
-        blocks.num_total_blocks,
+        engine.vocab_size,
+        engine.config.block_size,
+        stats.num_total_blocks,
         engine.config.enable_prefix_caching,
-        engine.stats(),
+        stats,
     )
     outputs.send(encode(ready))
     engine_core = EngineCore(engine, core, inputs, outputs)

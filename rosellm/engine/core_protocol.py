@@ -6,7 +6,7 @@ Core -> front end, on one socket all cores share: `CoreReady` (or `CoreStartFail
 request that got some, and the core's load.
 
 A message is a dataclass, pickled. Pickle takes any of them as it is (`SamplingParams` with its constraint,
-`EngineStats` with its sets), and one step's outputs of 32 requests (a few kilobytes) encode and decode in
+`EngineStats`, a few counts), and one step's outputs of 32 requests (a few kilobytes) encode and decode in
 a small fraction of a millisecond, against a step of tens of milliseconds. The sockets are ZeroMQ's, over
 `ipc://` paths in a folder only this user can open: pickle runs whatever a message says, so only our own
 processes may speak.
@@ -15,9 +15,9 @@ processes may speak.
 import pickle
 from dataclasses import dataclass
 
+from ..metrics.stats import EngineStats
 from ..outputs import SpecDecodeStats
-from ..sample.sampler import SamplingParams
-from .llm_engine import EngineStats
+from ..sampling_params import SamplingParams
 
 # --- front end -> core -------------------------------------------------------------------------------
 

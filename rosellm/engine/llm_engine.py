@@ -9,13 +9,12 @@ its first token it forks into n.
 
 With speculative decoding (`speculative_config`), a proposer first guesses the next tokens of each decoding
 sequence; the step runs them with the sequence's last token, and the target keeps the longest run it agrees
-with (the rejection rule: rejection_sampler.py), then one token of its own. Only the accepted tokens' keys
+with (the rejection rule: sample/rejection_sampler.py), then one token of its own. Only the accepted tokens' keys
 and values count as computed; the slots of rejected ones go back to the pool.
 """
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import torch
 from torch.profiler import record_function
@@ -25,11 +24,13 @@ from ..core.block_manager import BlockManager
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..core.sequence import Sequence
 from ..executor.parallel_runner import TensorParallelRunner
+from ..metrics.stats import EngineStats
 from ..model_executor.model_loader.loader import load_tokenizer, tokenizer_folder
 from ..model_executor.model_loader.quantization import check_options
 from ..outputs import RequestOutput, SpecDecodeStats
 from ..sample.rejection_sampler import accept_greedy, accept_sampled
-from ..sample.sampler import SamplingParams, make_generators, sample_batch
+from ..sample.sampler import make_generators, sample_batch
+from ..sampling_params import SamplingParams
 from ..spec_decode.proposer import Draft, DraftRequest, Proposer
 from ..spec_decode.proposers import check_draft_model, make_proposer
 from ..structured_output.grammar import GrammarCache, grammar_checked, mask_draft_logits, mask_logits
@@ -48,27 +49,11 @@ class StepError(RuntimeError):
         self.request_ids = request_ids
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    """The engine's load between steps, for its users: requests by queue, the KV pool, the prefix cache."""
-
-    running_requests: frozenset[str]  # requests with a sequence running
-    waiting_requests: frozenset[str]  # requests with a sequence waiting
-    num_free_blocks: int
-    num_total_blocks: int
-    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, since the engine started
-    prefix_cache_hits: int  # of those, tokens found there
-    spec_decode: SpecDecodeStats | None = None  # drafts proposed and accepted since the start; None: speculation off
-
-    @property
-    def unfinished_requests(self) -> frozenset[str]:
-        return self.running_requests | self.waiting_requests
-
-
 class LLMEngine:
     """model: None (the bundled SmolLM2-135M-Instruct), a `.gguf` file, or a Hugging Face folder.
-    dtype: "auto" (None), "float32", "bfloat16" or a torch.dtype (quantization.py says which "auto" picks).
-    `engine_options` are the fields of `EngineConfig` (engine_config.py), `quantization` among them."""
+    dtype: "auto" (None), "float32", "bfloat16" or a torch.dtype (model_loader/quantization.py says which "auto"
+    picks).
+    `engine_options` are the fields of `EngineConfig` (config/engine.py), `quantization` among them."""
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | str | None = None, **engine_options):
         self.config = config = EngineConfig(**engine_options)
@@ -104,6 +89,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or context
         if not 1 < self.max_model_len <= context:
             raise ValueError(f"max_model_len must be in [2, {context}], got {config.max_model_len}")
+        self.vocab_size = self.model.config.vocab_size
         eos = self.model.config.eos_token_ids or (self.tokenizer.eos_token_id,)
         self.eos_token_ids = {t for t in eos if t is not None}
         num_kv_blocks = config.kv_pool_blocks(self.max_model_len, self.model_runner.bytes_per_token())
@@ -161,12 +147,16 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def is_unfinished(self, request_id: str) -> bool:
+        """Whether the request is still queued or running: neither finished nor aborted."""
+        return str(request_id) in self.requests
+
     def stats(self) -> EngineStats:
         """A snapshot of the queues, the KV pool and the prefix cache (what `LLM`, the server and its
         metrics read between steps)."""
         return EngineStats(
-            frozenset(seq.request_id for seq in self.scheduler.running),
-            frozenset(seq.request_id for seq in self.scheduler.waiting),
+            len({seq.request_id for seq in self.scheduler.running}),
+            len({seq.request_id for seq in self.scheduler.waiting}),
             self.block_manager.num_free_blocks,
             self.block_manager.num_total_blocks,
             self._prefix_cache_queries,
@@ -279,8 +269,8 @@ class LLMEngine:
     ) -> list[list[int]]:
         """logits [positions that sample, vocab]: each sampling row's drafts' positions, then its last one.
         A row without drafts samples one token per draw (`sample_batch`, all of them together); a row with
-        drafts is verified against them (rejection_sampler.py). With structured outputs, a constrained draw's
-        logits first lose the tokens its grammar forbids (grammar.py)."""
+        drafts is verified against them (sample/rejection_sampler.py). With structured outputs, a constrained draw's
+        logits first lose the tokens its grammar forbids (structured_output/grammar.py)."""
         rows = [(seq, draft) for seq, draft, sample in zip(plan.scheduled, plan.drafts, plan.samples) if sample]
         lasts = list(itertools.accumulate(len(draft) + 1 for _, draft in rows))  # one past each row's last
         plain = [i for i, (_, _, row) in enumerate(draws) if not rows[row][1]]

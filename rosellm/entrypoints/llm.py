@@ -7,7 +7,7 @@ from tqdm.auto import tqdm
 
 from ..engine.llm_engine import LLMEngine
 from ..outputs import RequestOutput
-from ..sample.sampler import SamplingParams
+from ..sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | dict
 
@@ -23,9 +23,24 @@ class LLM:
 
     def __init__(self, model=None, device: str = "cpu", dtype: torch.dtype | str | None = None, **engine_options):
         self.llm_engine = LLMEngine(model, device, dtype, **engine_options)
-        self.model, self.tokenizer = self.llm_engine.model, self.llm_engine.tokenizer
-        self.eos_token_ids = self.llm_engine.eos_token_ids
-        self.block_manager = self.llm_engine.block_manager
+
+    # The engine's window for the reader (its model, tokenizer, stop tokens and blocks), read from it, never copied.
+
+    @property
+    def model(self):
+        return self.llm_engine.model
+
+    @property
+    def tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self.llm_engine.eos_token_ids
+
+    @property
+    def block_manager(self):
+        return self.llm_engine.block_manager
 
     def close(self) -> None:
         self.llm_engine.close()
@@ -64,7 +79,7 @@ class LLM:
         [request_id] = self._add_requests([prompt], sampling_params)
         emitted, final = 0, None
         try:
-            while request_id in self.llm_engine.stats().unfinished_requests:  # until it finishes or is aborted
+            while self.llm_engine.is_unfinished(request_id):  # until it finishes or is aborted
                 for output in self.llm_engine.step():
                     if output.request_id == request_id:
                         final = output

@@ -5,7 +5,7 @@ tokens looked up and found), speculative decoding's drafts (proposed and accepte
 first token and inter-token latency, as histograms), and the engine's own step time where it ran (in a thread
 of the server's process, or in an engine core): the gap between the two is what the process around it costs.
 The engine thread records, the server renders: every access holds one lock. With several engine cores
-(data parallelism, async_llm.py), each core's load is reported apart, labelled `engine="N"` as vLLM labels it;
+(data parallelism, engine/async_llm.py), each core's load is reported apart, labelled `engine="N"` as vLLM labels it;
 the latency histograms are the front end's, over all of them.
 """
 
@@ -13,7 +13,7 @@ import math
 import threading
 from bisect import bisect_left
 
-from ..engine.llm_engine import EngineStats
+from .stats import EngineStats
 
 # Seconds: from a millisecond (a tiny model's step) to a long queue under load.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -61,11 +61,11 @@ class EngineMetrics:
 
     @property
     def requests_running(self) -> int:
-        return self._total(lambda stats: len(stats.running_requests))
+        return self._total(lambda stats: stats.num_running_requests)
 
     @property
     def requests_waiting(self) -> int:
-        return self._total(lambda stats: len(stats.waiting_requests))
+        return self._total(lambda stats: stats.num_waiting_requests)
 
     @property
     def blocks_used(self) -> int:
@@ -134,8 +134,8 @@ def spec(value_of):
 
 # (name, type, help, its value from an engine's stats; None: not reported), names as vLLM's
 ENGINE_METRICS = [
-    ("num_requests_running", "gauge", "Requests with sequences running.", lambda s: len(s.running_requests)),
-    ("num_requests_waiting", "gauge", "Requests waiting to be admitted.", lambda s: len(s.waiting_requests)),
+    ("num_requests_running", "gauge", "Requests with sequences running.", lambda s: s.num_running_requests),
+    ("num_requests_waiting", "gauge", "Requests waiting to be admitted.", lambda s: s.num_waiting_requests),
     (
         "kv_blocks_used",
         "gauge",

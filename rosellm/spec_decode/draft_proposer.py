@@ -111,9 +111,7 @@ class DraftModelProposer:
         valid = common_prefix_length(record.token_ids, tokens, limit=len(tokens) - 1)  # the last token runs
         del record.token_ids[valid:]
         num_slots = len(tokens) + request.num_tokens - 1  # the last draft is never written
-        needed = self.block_manager.blocks_needed(num_slots)
-        self.block_manager.allocator.free(*record.block_table[needed:])  # blocks of drafts since rejected
-        del record.block_table[needed:]
+        self.block_manager.shrink(record, num_slots)  # blocks of drafts since rejected go back
         missing = self.block_manager.num_new_blocks(record, num_slots)
         if num_slots > self.max_model_len or missing > self.num_free_blocks:
             self.forget(request.key)
