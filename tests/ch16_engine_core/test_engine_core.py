@@ -8,6 +8,7 @@ import pytest
 import zmq
 
 from chapters import submodule
+from tests.ch16_engine_core.conftest import idle
 
 pytestmark = pytest.mark.requires("engine_core")
 
@@ -59,7 +60,7 @@ class CoreInThread:
         self.context.destroy(linger=0)
 
 
-def test_a_core_answers_steps_fails_and_stops(checkpoint, tiny_model_dirs, monkeypatch):
+def test_a_core_answers_steps_fails_and_stops(checkpoint, checkpoint_info, tiny_model_dirs, monkeypatch):
     core = CoreInThread(checkpoint, tiny_model_dirs["gqa"])
     p = core.protocol
     params = checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -79,7 +80,7 @@ def test_a_core_answers_steps_fails_and_stops(checkpoint, tiny_model_dirs, monke
         core.send(p.AddRequest("doomed", [5, 6, 7, 8], params))
         tokens, failure, last = core.run_to_end("doomed")
         assert tokens == [] and "a broken forward" in failure
-        assert last.stats.num_free_blocks == last.stats.num_total_blocks and not last.stats.unfinished_requests
+        assert idle(last.stats, checkpoint_info)
         monkeypatch.undo()
 
         core.send(p.AddRequest("fine", [5, 6, 7, 8], params))
