@@ -70,7 +70,8 @@ def timed_run(requests: list, desc: str, submit, advance) -> dict:
 def greedy(engine, max_tokens: int):
     """Greedy, EOS-ignoring sampling parameters from the package an engine comes from (`rosellm` or a
     chapter's frozen copy)."""
-    package = importlib.import_module(type(engine).__module__.rsplit(".", 1)[0])
+    module = type(engine).__module__  # rosellm.engine.llm_engine, chapters.ch07_...rosellm.llm_engine
+    package = importlib.import_module(module[: module.index("rosellm") + len("rosellm")])
     return package.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
@@ -217,10 +218,12 @@ def load_hf(spec: dict):
     """transformers' own model for the same weights: the GGUF file read by transformers, or the HF folder."""
     from transformers import AutoModelForCausalLM
 
-    from rosellm.loader import bundled_model_path
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
 
     dtype = getattr(torch, spec["dtype"]) if spec.get("dtype") else torch.float32
-    path = bundled_model_path() if spec.get("model") is None else Path(spec["model"])
+    path = loader.model_source(None) if spec.get("model") is None else Path(spec["model"])
     gguf = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
     hf = AutoModelForCausalLM.from_pretrained(path.parent if gguf else path, dtype=dtype, **gguf)
     hf = hf.to(spec.get("device", "cpu")).eval()

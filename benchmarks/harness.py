@@ -108,8 +108,12 @@ def random_requests(count: int, prompt_len: list, max_tokens: list, vocab_size: 
 
 def model_config(model: str | None):
     """rosellm's `ModelConfig` of a model (None: SmolLM2), read without loading the weights."""
-    from rosellm.config import ModelConfig
-    from rosellm.loader import resolve_model_folder
+    from chapters import submodule
+
+    config = submodule("rosellm", "config")
+    ModelConfig = config.ModelConfig
+    loader = submodule("rosellm", "loader")
+    resolve_model_folder = loader.resolve_model_folder
 
     return ModelConfig.from_json(resolve_model_folder(model) / "config.json")
 

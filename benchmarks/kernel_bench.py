@@ -20,7 +20,6 @@ read, divided by its time. Needs a CUDA device:
 
 import argparse
 import datetime
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -57,7 +56,7 @@ def make_data(batch: int, context: int, args, device):
     one query token per sequence, and the same keys and values laid out densely."""
     import torch
 
-    AttentionMetadata = importlib.import_module(f"{args.checkpoint}.attention_metadata").AttentionMetadata
+    AttentionMetadata = chapters.submodule(args.checkpoint, "attention_metadata").AttentionMetadata
     dtype = getattr(torch, args.dtype)
     blocks_per_seq = -(-context // args.block_size)
     num_blocks = batch * blocks_per_seq
@@ -82,8 +81,8 @@ def measure_one(batch: int, context: int, args, device, timer) -> dict:
     import torch
     import torch.nn.functional as F
 
-    kernels = importlib.import_module(f"{args.checkpoint}.kernels")
-    paged_attention = importlib.import_module(f"{args.checkpoint}.paged_attention")
+    kernels = chapters.submodule(args.checkpoint, "kernels")
+    paged_attention = chapters.submodule(args.checkpoint, "paged_attention")
     query, key_cache, value_cache, metadata = make_data(batch, context, args, device)
     seq_lens, tables = metadata.seq_lens, metadata.block_tables
     splits = kernels.choose_num_splits(context)

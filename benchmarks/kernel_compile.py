@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
+from chapters import submodule
+
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = (80, 90)  # compute capabilities: sm_80 (A100), sm_90 (H100)
 DTYPES = ("bfloat16", "float16", "float32")  # 16-bit: what a GPU serves in; float32: the IEEE dot precision
@@ -50,13 +52,13 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def recording(kernels, launches: list):
+def recording(checkpoint, launches: list):
     """Replace every kernel of the checkpoint's kernel modules by a Recorder appending to `launches`."""
     from triton.runtime.jit import KernelInterface
 
     with contextlib.ExitStack() as stack:
         for name in KERNEL_MODULES:
-            module = importlib.import_module(f"{kernels.__name__}.{name}")
+            module = submodule(checkpoint, f"kernels.{name}")
             for attr, value in vars(module).copy().items():
                 if isinstance(value, KernelInterface):
                     stack.enter_context(mock.patch.object(module, attr, Recorder(value, launches)))
@@ -71,8 +73,8 @@ def recorded_launches(
     import torch
 
     dtype = getattr(torch, dtype_name)
-    kernels = importlib.import_module(f"{checkpoint.__name__}.kernels")
-    build = checkpoint.attention_metadata.AttentionMetadata.build
+    kernels = submodule(checkpoint, "kernels")
+    build = submodule(checkpoint, "attention_metadata").AttentionMetadata.build
     tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)  # two sequences of two blocks each
     prefill = build([5, 20], [5, 20], tables, BLOCK_SIZE, torch.device("cpu"))
     decode = build([1, 1], [6, 21], tables, BLOCK_SIZE, torch.device("cpu"))
@@ -81,7 +83,7 @@ def recorded_launches(
     query = torch.zeros(25, num_heads, head_dim, dtype=dtype)
     new_kv = torch.zeros(25, num_kv_heads, head_dim, dtype=dtype)
     launches = []
-    with recording(kernels, launches):
+    with recording(checkpoint, launches):
         kernels.store_kv(new_kv, new_kv, key_cache, value_cache, prefill.slot_mapping)
         kernels.paged_prefill_attention(
             query,

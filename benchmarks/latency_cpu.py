@@ -92,9 +92,11 @@ def at_batch_1(body: dict, s: dict, model: str | None) -> dict:
 
 def gguf_file(model: str | None):
     """The GGUF whose tensors the "gguf" rows read: the model, when it is one, else the bundled SmolLM2."""
-    from rosellm.loader import bundled_model_path
+    from chapters import submodule
 
-    return Path(model) if model and str(model).endswith(".gguf") else bundled_model_path()
+    loader = submodule("rosellm", "loader")
+
+    return Path(model) if model and str(model).endswith(".gguf") else loader.model_source(None)
 
 
 def report(result: dict) -> None:

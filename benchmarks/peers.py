@@ -115,11 +115,14 @@ def environment(peer: Peer, threads: int) -> dict:
 def weights(peer: Peer, model: str | None) -> str:
     """The weights the peer reads, made from `model` (default: the bundled GGUF) by our own code: fp32, or the
     GGUF file itself."""
-    from rosellm.loader import bundled_model_path, resolve_model_folder
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
+    resolve_model_folder = loader.resolve_model_folder
 
     if peer.weights == "hf":
         return str(resolve_model_folder(model))
-    source = Path(model) if model else bundled_model_path()
+    source = Path(model) if model else loader.model_source(None)
     if source.suffix != ".gguf":
         raise SystemExit(f"{peer.name} reads a GGUF file; {source} is not one")
     if peer.weights == "file":

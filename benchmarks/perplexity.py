@@ -42,7 +42,11 @@ def run(args, s: dict) -> dict:
 
 def text_windows(model: str | None, tokens: int, window: int) -> list[list[int]]:
     """The first `tokens` tokens of pydoc's topics, in windows of `window`."""
-    from rosellm.loader import load_tokenizer, resolve_model_folder
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
+    load_tokenizer = loader.load_tokenizer
+    resolve_model_folder = loader.resolve_model_folder
 
     text = Path(importlib.util.find_spec("pydoc_data.topics").origin).read_text(encoding="utf-8")
     ids = load_tokenizer(resolve_model_folder(model)).encode(text, add_special_tokens=False)

@@ -25,7 +25,6 @@ kernel is the faster one. The machine description lists the CPU's vector and mat
 """
 
 import functools
-import importlib
 import itertools
 import json
 import random
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 
 import chapters
+from chapters import submodule
 
 from . import harness
 
@@ -129,7 +129,7 @@ def prepare(kernel: str, activation: str, weights: list, module: str) -> list:
     """The kernel's weights, one per copy of the fp32 `weights` [out, in], and a function of (x, prepared)."""
     import torch
 
-    packed_linear = importlib.import_module(f"{module}.packed_linear")
+    packed_linear = submodule(module, "packed_linear")
     dtype = getattr(torch, activation)
     if kernel == "fp32 dense":
         for w in weights:
@@ -191,7 +191,7 @@ def time_attention(spec: dict) -> list[dict]:
     """Decode attention at each batch, compiled and by the C kernel, in fp32 and bf16: ms per step."""
     import torch
 
-    cpu_attention = importlib.import_module(f"{spec['module']}.cpu_attention")
+    cpu_attention = submodule(spec["module"], "cpu_attention")
     ways = {"compiled": cpu_attention.compiled_decode_attention, "C kernel": cpu_attention.kernel_decode_attention}
     h, rows = spec["heads"], []
     for name, batch in itertools.product(("float32", "bfloat16"), spec["batches"]):

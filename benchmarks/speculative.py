@@ -112,7 +112,11 @@ def function_source(module: str, qualname: str, max_chars: int) -> str:
 def copy_prompts(model: str | None, count: int, max_chars: int) -> list[list[int]]:
     """The copying prompts as token ids: paragraphs first, then functions (half of `count` each, the
     paragraphs one more when it is odd), as plain text to continue."""
-    from rosellm.loader import load_tokenizer, resolve_model_folder
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
+    load_tokenizer = loader.load_tokenizer
+    resolve_model_folder = loader.resolve_model_folder
 
     functions = count // 2
     if functions > len(FUNCTIONS):

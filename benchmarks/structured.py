@@ -41,12 +41,12 @@ The result file's keys:
     python -m benchmarks structured [--batch 1,8,32] [--max-tokens 64] [--peers vllm] [--quick]
 """
 
-import importlib
 import json
 import statistics
 import time
 
 import chapters
+from chapters import submodule
 
 from . import harness, peers
 
@@ -170,7 +170,7 @@ class GrammarTimers:
 
 def part(package, name: str):
     """A module of a checkpoint's package (`point.load()`): `part(rosellm, "grammar")` is rosellm.grammar."""
-    return importlib.import_module(f"{package.__name__}.{name}")
+    return submodule(package, name)
 
 
 def timed_steps(engine, package, batch: list, constrained: list[bool], max_tokens: int, timers) -> dict:

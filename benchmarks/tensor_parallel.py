@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import chapters
+from chapters import submodule
 
 from . import harness
 
@@ -87,8 +88,8 @@ def modelled() -> dict:
     """Per model and rank count: bytes per rank, and a batch-1 decode step: reading the rank's weights from
     HBM, then 2 all-reduces per layer (ring: each rank sends and receives 2 (N-1)/N of the message)."""
     package = chapters.checkpoint(CHAPTER).module
-    ModelConfig = importlib.import_module(f"{package}.config").ModelConfig
-    tensor_parallel = importlib.import_module(f"{package}.tensor_parallel")
+    ModelConfig = submodule(package, "config").ModelConfig
+    tensor_parallel = submodule(package, "tensor_parallel")
     RankShapes, check_shardable = tensor_parallel.RankShapes, tensor_parallel.check_shardable
 
     models = [("SmolLM2-135M (fp32)", SMOLLM2, 4), ("Llama-2-7B shape (bf16)", LLAMA_2_7B, 2)]
@@ -161,7 +162,7 @@ def time_engine(spec: dict) -> dict:
     import torch
 
     package = importlib.import_module(spec["module"])
-    tensor_parallel = importlib.import_module(f"{spec['module']}.tensor_parallel")
+    tensor_parallel = submodule(spec["module"], "tensor_parallel")
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])

@@ -9,6 +9,12 @@ each checkpoint declares in its `__init__.py`), never by probing attributes:
             llm = point.load().LLM(...)
 
 Declarations are read by parsing `__init__.py`, not importing it: listing checkpoints never imports torch.
+
+Chapters 01-16 are flat packages; from chapter 17 on, modules live in subpackages, and a checkpoint's
+`__modules__` maps each flat name to its path there. Tests and scripts name a module once, by its flat name:
+
+    loader = submodule(package, "loader")   # package.loader, or package.model_executor.model_loader.loader
+    package = Package(point.load())          # package.loader: the same, as an attribute
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ CAPABILITIES = {
     "engine_core": (
         "`AsyncLLM`: the engine in engine-core processes behind a front end (ZeroMQ), data-parallel replicas"
     ),
+    "subpackages": (
+        "modules in subpackages that mirror vLLM's, in layers that import one way (`__layers__`, `__modules__`)"
+    ),
 }
 
 
@@ -71,18 +80,49 @@ class Checkpoint:
     module: str
     path: Path
     capabilities: frozenset[str]
+    renames: tuple[tuple[str, str], ...] = ()  # (flat module name, its dotted path here) from `__modules__`
 
     def load(self) -> ModuleType:
         """Import the package (this imports torch)."""
         return importlib.import_module(self.module)
 
+    def module_path(self, flat: str) -> str:
+        """The dotted path inside this package of the module chapters 01-16 call `flat` (e.g. "loader")."""
+        return dict(self.renames).get(flat, flat)
 
-def read_declarations(init_file: Path) -> tuple[str, frozenset[str]]:
-    """`__chapter__` and `__capabilities__` of a package's `__init__.py`, parsed without importing it."""
+    def file_path(self, flat: str) -> str:
+        """Where the file a flat chapter has at `flat` (e.g. "loader.py", "kernels/store_kv.py") is in this
+        package: a module by `module_path`; any other file (a C source) beside the one of its name."""
+        if not self.renames:
+            return flat
+        if flat.endswith(".py"):
+            name = flat.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+            if name == "__init__":
+                return flat
+            path = self.module_path(name).replace(".", "/")
+            return f"{path}/__init__.py" if (self.path / path).is_dir() else f"{path}.py"
+        found = sorted(self.path.rglob(Path(flat).name))
+        return found[0].relative_to(self.path).as_posix() if len(found) == 1 else flat
+
+
+def assignments(init_file: Path) -> dict[str, ast.expr]:
+    """The top-level `NAME = value` statements of a package's `__init__.py`."""
     found: dict[str, ast.expr] = {}
     for node in ast.parse(init_file.read_text(), filename=str(init_file)).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             found[node.targets[0].id] = node.value
+    return found
+
+
+def read_renames(init_file: Path) -> tuple[tuple[str, str], ...]:
+    """`__modules__` of a package's `__init__.py` (flat name -> dotted path), parsed; () where it is flat."""
+    declared = assignments(init_file).get("__modules__")
+    return () if declared is None else tuple(sorted(ast.literal_eval(declared).items()))
+
+
+def read_declarations(init_file: Path) -> tuple[str, frozenset[str]]:
+    """`__chapter__` and `__capabilities__` of a package's `__init__.py`, parsed without importing it."""
+    found = assignments(init_file)
     if "__chapter__" not in found:
         raise ValueError(f'{init_file} declares no __chapter__ = "NN_slug"')
     chapter = ast.literal_eval(found["__chapter__"])
@@ -105,7 +145,8 @@ def load_checkpoint(package: Path, module: str) -> Checkpoint:
     if not match:
         raise ValueError(f'{package}/__init__.py: __chapter__ = "{chapter}" is not "NN_slug"')
     number, slug = int(match.group(1)), match.group(2)
-    return Checkpoint(number, slug, f"ch{number:02d}_{slug}", module, package, capabilities)
+    renames = read_renames(package / "__init__.py")
+    return Checkpoint(number, slug, f"ch{number:02d}_{slug}", module, package, capabilities, renames)
 
 
 def checkpoints() -> list[Checkpoint]:
@@ -141,3 +182,29 @@ def checkpoint(number_or_name: int | str) -> Checkpoint:
 def latest() -> Checkpoint:
     """The checkpoint of the latest chapter: `rosellm/` itself."""
     return checkpoints()[-1]
+
+
+def submodule(package: ModuleType | str, flat: str) -> ModuleType:
+    """The module chapters 01-16 call `flat` (e.g. "loader", "kernels.store_kv"), imported from `package` (a
+    checkpoint's package, a `Package`, or its name) at its path there: its `__modules__`, else flat."""
+    if isinstance(package, str):
+        package = importlib.import_module(package)
+    return importlib.import_module(f"{package.__name__}.{getattr(package, '__modules__', {}).get(flat, flat)}")
+
+
+class Package:
+    """A checkpoint's package whose attributes are also its modules by their flat names: `Package(p).loader`
+    is `submodule(p, "loader")` in every chapter; any other attribute is the package's own."""
+
+    def __init__(self, package: ModuleType):
+        self.__name__ = package.__name__
+        self.package = package
+
+    def __getattr__(self, name: str):
+        path = getattr(self.package, "__modules__", {}).get(name)
+        if path is not None:
+            return importlib.import_module(f"{self.__name__}.{path}")
+        return getattr(self.package, name)
+
+    def __repr__(self) -> str:
+        return f"Package({self.__name__})"

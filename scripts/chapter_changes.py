@@ -32,10 +32,17 @@ def chapter_changes(checkpoints: list) -> str:
     lines = [HEADER]
     for before, after in zip(checkpoints, checkpoints[1:]):
         old, new = package_files(before.path), package_files(after.path)
-        for name in sorted(old.keys() | new.keys()):
-            if old.get(name) != new.get(name):
-                status = "added" if name not in old else "removed" if name not in new else "changed"
-                lines.append(f"{after.name}  {status}  {name}\n")
+        moved = {name: after.file_path(name) for name in old} if not before.renames else {name: name for name in old}
+        found = {}
+        for name in old:
+            place = moved[name]
+            if place != name and place in new:  # a flat file at its path in the subpackages (chapter 17)
+                found[name] = f"{'moved' if old[name] == new[place] else 'moved, changed'}  {name} -> {place}"
+            elif old[name] != new.get(name):
+                found[name] = f"{'removed' if name not in new else 'changed'}  {name}"
+        for name in new.keys() - {name for name in old if moved[name] == name} - set(moved.values()):
+            found[name] = f"added  {name}"
+        lines += [f"{after.name}  {found[name]}\n" for name in sorted(found)]
     return "".join(lines)
 
 

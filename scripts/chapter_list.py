@@ -132,6 +132,15 @@ SUMMARIES = {
         ),
         "serve with the engine in processes of its own, one or several replicas",
     ),
+    "ch17_layout": (
+        (
+            "where each piece would live in vLLM; the package as subpackages that mirror vLLM's (entrypoints, "
+            "engine, core, sample, spec_decode, structured_output, worker, executor, attention, model_executor, "
+            "platforms); imports that flow one way, checked by a test; the layers' leaks closed (the LLM asks its "
+            "engine, stats as a snapshot of counts, no backend named in the model)"
+        ),
+        "be read and extended by folder, and read next to vLLM",
+    ),
 }
 HEADING = re.compile(r"^#\s+(?:\d+\s*·\s*)?(.+?)\s*$", re.MULTILINE)
 

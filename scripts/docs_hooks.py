@@ -8,7 +8,9 @@ A line of its own in a page
     <!-- code-location: ch07_continuous_batching -->         the sentence saying where a chapter's code is
 
 is replaced by generated Markdown: the diff is a table of the files that differ, each linked to its own
-fold (a closed `<details>` block), so that the lesson is not buried under hundreds of diff lines. The
+fold (a closed `<details>` block), so that the lesson is not buried under hundreds of diff lines. From a flat
+chapter to one with subpackages (chapter 17), a file is diffed against its new path, as `git diff -M` shows a
+rename: a row "moved" when it moved unchanged, "moved, changed" with the lines that changed. The
 code-location line may be indented (inside a note) and its sentence names `rosellm/` as the chapter's
 code only while the chapter is the latest, so that a new chapter turns the old page's words by itself.
 A figure on a line of its own, `![alt](path.png)`, becomes a link to the full-size image.
@@ -95,10 +97,7 @@ def load_script(root: Path, name: str) -> ModuleType:
 
 def checkpoint_dir(root: Path, name: str) -> Path:
     """The package folder of checkpoint `name` (`chNN_slug`), as the repository's `chapters` helper finds it."""
-    try:
-        return chapters_helper(root).checkpoint(name).path
-    except ValueError as error:
-        raise PluginError(str(error)) from None
+    return checkpoint_of(root, name).path
 
 
 def code_location(points, name: str) -> str:
@@ -167,22 +166,54 @@ def fold_id(path: str) -> str:
     return "diff-" + re.sub(r"[^a-z0-9]+", "-", path.lower()).strip("-")
 
 
+def checkpoint_of(root: Path, name: str):
+    """The `chapters.Checkpoint` named `name` (`chNN_slug`)."""
+    try:
+        return chapters_helper(root).checkpoint(name)
+    except ValueError as error:
+        raise PluginError(str(error)) from None
+
+
+def paired_paths(old_point, new_point, old: dict, new: dict) -> list[tuple[str | None, str | None]]:
+    """(old path, new path) of every file of either checkpoint; None where it has none. From a flat chapter
+    to one with subpackages, a file is paired with its new path (the new checkpoint's `__modules__`), as
+    `git diff -M` pairs a renamed file."""
+    moving = bool(new_point.renames) and not old_point.renames
+    pairs = []
+    for path in old:
+        place = new_point.file_path(path) if moving else path
+        pairs.append((path, place if place in new else None))
+    paired = {after for _, after in pairs}
+    pairs += [(None, path) for path in new if path not in paired]
+    return sorted(pairs, key=lambda pair: pair[1] or pair[0])
+
+
 def chapter_diff(root: Path, old_name: str, new_name: str) -> str:
-    old = checkpoint_files(checkpoint_dir(root, old_name))
-    new = checkpoint_files(checkpoint_dir(root, new_name))
+    old_point, new_point = checkpoint_of(root, old_name), checkpoint_of(root, new_name)
+    old, new = checkpoint_files(old_point.path), checkpoint_files(new_point.path)
     rows, folds, statuses = [], [], []
-    for path in sorted(old.keys() | new.keys()):
-        before, after = old.get(path, []), new.get(path, [])
-        if before == after:
+    for before_path, after_path in paired_paths(old_point, new_point, old, new):
+        before, after = old.get(before_path, []), new.get(after_path, [])
+        moved = None not in (before_path, after_path) and before_path != after_path
+        if before == after and not moved:
             continue
+        path = after_path or before_path
+        shown = f"`rosellm/{before_path}` → `rosellm/{after_path}`" if moved else f"`rosellm/{path}`"
         diff = list(
-            difflib.unified_diff(before, after, f"{old_name}/rosellm/{path}", f"{new_name}/rosellm/{path}", n=3)
+            difflib.unified_diff(
+                before, after, f"{old_name}/rosellm/{before_path or path}", f"{new_name}/rosellm/{path}", n=3
+            )
         )
         added = sum(1 for line in diff if line.startswith("+") and not line.startswith("+++"))
         removed = sum(1 for line in diff if line.startswith("-") and not line.startswith("---"))
-        status = "added" if path not in old else "removed" if path not in new else "changed"
+        status = "added" if before_path is None else "removed" if after_path is None else "changed"
+        if moved:
+            status = "moved, changed" if diff else "moved"
         statuses.append(status)
-        rows.append(f"| [`rosellm/{path}`](#{fold_id(path)}) | {status} | +{added} | −{removed} |")
+        if not diff:  # a file moved as it was: its row says so, there is nothing to fold
+            rows.append(f"| {shown} | {status} | +0 | −0 |")
+            continue
+        rows.append(f"| [{shown}](#{fold_id(path)}) | {status} | +{added} | −{removed} |")
         text = "".join(line if line.endswith("\n") else line + "\n" for line in diff)
         folds.append(
             f'<details class="note chapter-diff" id="{fold_id(path)}" markdown>\n'
@@ -191,7 +222,8 @@ def chapter_diff(root: Path, old_name: str, new_name: str) -> str:
         )
     if not rows:
         return f"*No file differs between `{old_name}` and `{new_name}`.*\n"
-    summary = ", ".join(f"{statuses.count(s)} {s}" for s in ("changed", "added", "removed") if s in statuses)
+    kinds = ("changed", "added", "removed", "moved", "moved, changed")
+    summary = ", ".join(f"{statuses.count(s)} {s}" for s in kinds if s in statuses)
     table = ["| file | status | added lines | removed lines |", "| --- | --- | ---: | ---: |", *rows]
     return (
         f"From `{old_name}` to `{new_name}`: {summary}. Each file's diff is folded below; open it from "

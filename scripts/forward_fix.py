@@ -11,6 +11,11 @@ A file's change is its version at `--base` (default HEAD: the change is uncommit
 tree. Each later checkpoint whose copy of the file is still the one from before the fix gets the fixed file
 (a file added or deleted by the fix is added or deleted alike); a later copy that had already changed is
 left alone and reported, to be fixed by hand. Exit status 1 when anything was left to do by hand.
+
+From chapter 17 on the package has subpackages: a file of a flat chapter (01-16) is looked for at its new
+path, through the rename map the later checkpoint declares (`__modules__`, read by `chapters`), e.g.
+`loader.py` in `rosellm/model_executor/model_loader/loader.py`. A file the move changed (its relative
+imports) is reported, to be fixed by hand.
 Standard library only.
 """
 
@@ -69,11 +74,12 @@ def find_changes(target: str, base: str, chapters) -> tuple[object, list[Change]
     return owner, [change for change in changes if change.before != change.after]
 
 
-def carry(change: Change, later: list, dry_run: bool) -> list[str]:
-    """Apply one change to the later checkpoints where the file was as before; return the manual cases."""
+def carry(change: Change, owner, later: list, dry_run: bool) -> list[str]:
+    """Apply one change to the later checkpoints where the file was as before; return the manual cases. A
+    flat owner's file is found in a later checkpoint with subpackages through that checkpoint's renames."""
     by_hand = []
     for point in later:
-        target = point.path / change.relative
+        target = point.path / (change.relative if owner.renames else point.file_path(change.relative))
         current = read(target)
         shown = f"{target.relative_to(ROOT)}"
         if current == change.after:
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     by_hand = []
     for change in changes:
         print(f"{owner.name}/{change.relative}:")
-        by_hand += carry(change, later, args.dry_run)
+        by_hand += carry(change, owner, later, args.dry_run)
     if by_hand:
         print(f"{len(by_hand)} file(s) to fix by hand: " + ", ".join(by_hand))
     return 1 if by_hand else 0

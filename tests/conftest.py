@@ -93,9 +93,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def checkpoint(request):
-    """The package of one chapter checkpoint, e.g. `chapters.ch01_naive_decode.rosellm`."""
-    return request.param.load()
+def checkpoint(request) -> chapters.Package:
+    """The package of one chapter checkpoint, e.g. `chapters.ch01_naive_decode.rosellm`, whose modules are
+    named as in chapters 01-16 wherever they live (`checkpoint.loader`; see `chapters.submodule`)."""
+    return chapters.Package(request.param.load())
 
 
 @pytest.fixture
@@ -131,10 +132,12 @@ def tiny_hf_models(tiny_model_dirs):
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The bundled SmolLM2 GGUF; a missing model is a failure (never a skip) naming the install command."""
-    from rosellm.loader import bundled_model_path
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
 
     try:
-        return bundled_model_path()
+        return loader.model_source(None)
     except FileNotFoundError as error:
         pytest.fail(str(error))
 

@@ -358,7 +358,9 @@ def test_agreement_with_a_baseline():
 @pytest.mark.model  # SmolLM2's config and its GGUF file
 def test_bytes_of_weights_per_token_of_each_format():
     from benchmarks import variants
-    from rosellm.loader import bundled_model_path
+    from chapters import submodule
+
+    loader = submodule("rosellm", "loader")
 
     config = harness.model_config(None)
     fp32 = variants.bytes_per_token("fp32", config)
@@ -367,7 +369,7 @@ def test_bytes_of_weights_per_token_of_each_format():
     assert variants.read_format("int4", "float32") == "float32"  # fp32 compute multiplies the dense copy
     assert variants.read_format("int4", "bfloat16") == "int4" and variants.read_format("bf16", "bfloat16") == "bf16"
     int8, int4 = (variants.bytes_per_token(form, config) for form in ("int8", "int4"))
-    gguf = variants.bytes_per_token("gguf", config, bundled_model_path())
+    gguf = variants.bytes_per_token("gguf", config, loader.model_source(None))
     assert fp32 / 4 < int8 < fp32 / 3.9 and int4 == pytest.approx(fp32 * 0.625 / 4, rel=0.01)
     # the bundled file: Q4_1 layers (5 bits a weight), the tied Q8_0 head (8.5 bits) read as the LM head
     assert int4 < gguf < int8

@@ -10,7 +10,6 @@ blocks of 4 slots, a pool of 10) after a short history:
     .venv/bin/python scripts/figures/ch09_prefix_cache.py   ->  docs/figures/ch09_prefix_cache.png
 """
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import chapters  # noqa: E402
+from chapters import submodule  # noqa: E402
 
 OUT = ROOT / "docs" / "figures" / "ch09_prefix_cache.png"
 BLOCK_SIZE, NUM_BLOCKS = 4, 10
@@ -35,9 +35,9 @@ SEQ_COLORS = {"a": "#3182bd", "b": "#756bb1"}
 def build():
     """The manager and the sequences still running, after the history of the module docstring."""
     package = chapters.checkpoint("ch09_prefix_caching").module
-    block_manager = importlib.import_module(f"{package}.block_manager")
-    sequence = importlib.import_module(f"{package}.sequence")
-    sampling = importlib.import_module(f"{package}.sampling")
+    block_manager = submodule(package, "block_manager")
+    sequence = submodule(package, "sequence")
+    sampling = submodule(package, "sampling")
     manager = block_manager.BlockManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True)
 
     def admit_and_compute(request_id, prompt):

@@ -11,13 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from chapters import submodule
 from tests.conftest import ROOT
 
 
 @pytest.fixture
 def cli(checkpoint):
     """The checkpoint's `__main__` module: `python -m rosellm` of that chapter."""
-    return importlib.import_module(f"{checkpoint.__name__}.__main__")
+    return submodule(checkpoint, "__main__")
 
 
 def never_load(*args, **kwargs):

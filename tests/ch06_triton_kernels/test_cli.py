@@ -1,16 +1,15 @@
 """`--attention-backend`: its choices are the checkpoint's registry (`attention_backend.BACKENDS`), the
 "triton" backend's own check runs before the model loads, and a checkpoint without backends refuses it."""
 
-import importlib
-
 import pytest
 
+from chapters import submodule
 from tests.ch01_naive_decode.test_cli import FakeCheckpoint, assert_fails_fast, fake_chapters_answering
 
 
 @pytest.fixture
 def cli(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.__main__")
+    return submodule(checkpoint, "__main__")
 
 
 @pytest.fixture

@@ -10,13 +10,14 @@ second session fast).
 """
 
 import functools
-import importlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from chapters import submodule
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "benchmarks" / "results" / "kernel_compile.json"
@@ -72,7 +73,7 @@ def test_launchers_reach_every_branch(checkpoint):
     for row in compile_facts(checkpoint.__name__):
         for name, value in row["constexprs"].items():
             chosen.setdefault((row["kernel"], name), set()).add(value)
-    max_splits = importlib.import_module(f"{checkpoint.__name__}.kernels.decode_attention").MAX_SPLITS
+    max_splits = submodule(checkpoint, "kernels.decode_attention").MAX_SPLITS
     assert chosen[("decode_merge_kernel", "BLOCK_S")] == {2**i for i in range(max_splits.bit_length())}
     assert chosen[("decode_split_kernel", "BLOCK_G")] == {16, 128}  # a GQA group padded to 16, or wider
     assert chosen[("prefill_kernel", "BLOCK_M")] == {64, 128}  # BLOCK_M, or a GQA group wider than it

@@ -4,11 +4,10 @@ serves in; and the engine end to end. Reported as skipped (the one allowed skip)
 Run them where there is a GPU: pytest tests/ch06_triton_kernels -m gpu
 """
 
-import importlib
-
 import pytest
 import torch
 
+from chapters import submodule
 from tests.ch03_batch_decode.test_batch_generate import MIXED_PROMPTS
 from tests.ch05_paged_attention.paged_data import make_problem
 from tests.ch06_triton_kernels.test_kernels import on_device, reference
@@ -22,7 +21,7 @@ DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=[
 
 
 def kernels_of(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.kernels")
+    return submodule(checkpoint, "kernels")
 
 
 @DTYPES

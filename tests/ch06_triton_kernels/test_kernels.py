@@ -7,11 +7,11 @@ splits. With CUDA the same cases run compiled on the GPU.
 """
 
 import dataclasses
-import importlib
 
 import pytest
 import torch
 
+from chapters import submodule
 from tests.ch05_paged_attention.paged_data import make_problem
 
 pytestmark = pytest.mark.slow  # interpreted on a CPU: its checkpoint and the latest (all: --all-checkpoints)
@@ -29,7 +29,7 @@ HEADS = {  # name: (num_heads, num_kv_heads, head_dim): GQA ratios 1, 3 and 4, h
 
 
 def kernels_of(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.kernels")
+    return submodule(checkpoint, "kernels")
 
 
 def on_device(problem):

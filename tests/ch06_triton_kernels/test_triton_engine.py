@@ -1,6 +1,5 @@
 """The engine with attention_backend="triton" gives the same greedy tokens as with "torch"; choosing a backend."""
 
-import importlib
 import os
 import subprocess
 import sys
@@ -8,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from chapters import submodule
 from tests.ch03_batch_decode.test_batch_generate import MIXED_PROMPTS, batch_size_option
 from tests.conftest import ROOT
 from tests.engine_options import default_cpu_backend
@@ -23,7 +23,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def count_kernel_calls(checkpoint, monkeypatch) -> dict[str, int]:
-    kernels = importlib.import_module(f"{checkpoint.__name__}.kernels")
+    kernels = submodule(checkpoint, "kernels")
     calls = {}
     for name in ("paged_decode_attention", "paged_prefill_attention"):
         calls[name] = 0

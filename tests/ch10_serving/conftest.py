@@ -10,7 +10,6 @@ them (every request finished or aborted).
 """
 
 import asyncio
-import importlib
 import re
 import threading
 import time
@@ -19,12 +18,14 @@ import httpx
 import pytest
 import uvicorn
 
+from chapters import submodule
+
 MODEL_NAME = "tiny"
 
 
 def module_of(checkpoint, name: str):
     """A module of a checkpoint's package, e.g. `rosellm.api_server`."""
-    return importlib.import_module(f"{checkpoint.__name__}.{name}")
+    return submodule(checkpoint, name)
 
 
 FRONTENDS = ("in_process", "split")

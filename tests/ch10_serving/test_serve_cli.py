@@ -1,7 +1,6 @@
 """`python -m rosellm serve`: a bad option or a taken port fails before the model loads, with one line and exit
 code 2; a real run serves the API at the address it prints and stops cleanly on Ctrl-C."""
 
-import importlib
 import queue
 import re
 import signal
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from chapters import submodule
 from tests.ch01_naive_decode.test_cli import assert_fails_fast
 
 pytestmark = pytest.mark.requires("serving")
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def cli(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.__main__")
+    return submodule(checkpoint, "__main__")
 
 
 BAD_OPTIONS = {

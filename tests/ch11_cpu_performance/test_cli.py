@@ -1,15 +1,14 @@
 """`--enforce-eager` reaches the engine's options, and a checkpoint that compiles nothing refuses it in one line."""
 
-import importlib
-
 import pytest
 
+from chapters import submodule
 from tests.ch01_naive_decode.test_cli import FakeCheckpoint, assert_fails_fast, fake_chapters_answering
 
 
 @pytest.fixture
 def cli(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.__main__")
+    return submodule(checkpoint, "__main__")
 
 
 @pytest.fixture

@@ -3,10 +3,10 @@ and bytes of its slice (`RankShapes`, the numbers the chapter's tables use) agai
 the algebra that makes it exact: column slices put side by side are the whole layer, row-parallel partial
 sums add up to the whole output."""
 
-import importlib
-
 import pytest
 import torch
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("tensor_parallel")
 
@@ -19,10 +19,6 @@ SMOLLM2 = dict(  # SmolLM2-135M's shape
     num_key_value_heads=3,
     tie_word_embeddings=True,
 )
-
-
-def submodule(checkpoint, name: str):
-    return importlib.import_module(f"{checkpoint.__name__}.{name}")
 
 
 def config_of(checkpoint, **fields):

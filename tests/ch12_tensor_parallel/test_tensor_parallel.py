@@ -2,11 +2,10 @@
 ranks, KV heads split and replicated, tied and untied heads, with continuous batching, chunked prefill,
 prefix caching and preemption all in play; the bytes each step all-reduces; SmolLM2 on 3 ranks."""
 
-import importlib
-
 import pytest
 import torch
 
+from chapters import submodule
 from tests.ch09_prefix_caching.engine_runs import run
 from tests.engine_options import logits_tolerance
 
@@ -84,7 +83,7 @@ def test_ranks_give_the_tokens_of_one_process(checkpoint, tiny_model_dirs, name,
 
 def test_bytes_all_reduced_per_step(checkpoint, tiny_model_dirs):
     """Two all-reduces per layer, each of the step's hidden states [num_tokens, hidden] in fp32."""
-    tp = importlib.import_module(f"{checkpoint.__name__}.tensor_parallel")
+    tp = submodule(checkpoint, "tensor_parallel")
     with checkpoint.LLM(str(tiny_model_dirs["gqa"]), tensor_parallel_size=2, enforce_eager=True, **OPTIONS) as llm:
         engine = llm.llm_engine
         config = engine.model.config

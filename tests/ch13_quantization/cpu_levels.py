@@ -6,7 +6,9 @@ here: it is reported as an xfail that names both levels (never as a pass); on a 
 
 import pytest
 
-from rosellm import cpu_features
+from chapters import submodule
+
+cpu_features = submodule("rosellm", "cpu_features")
 
 VARIABLE = cpu_features.VARIABLE
 LEVELS = cpu_features.LEVELS

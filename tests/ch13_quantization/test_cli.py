@@ -1,10 +1,9 @@
 """`--quantization` and `--dtype` reach the engine's options; a bad one, or a checkpoint before chapter 13,
 is refused in one line before the model loads."""
 
-import importlib
-
 import pytest
 
+from chapters import submodule
 from tests.ch01_naive_decode.test_cli import FakeCheckpoint, assert_fails_fast, fake_chapters_answering
 
 pytestmark = pytest.mark.requires("quantization")
@@ -12,7 +11,7 @@ pytestmark = pytest.mark.requires("quantization")
 
 @pytest.fixture
 def cli(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.__main__")
+    return submodule(checkpoint, "__main__")
 
 
 @pytest.fixture

@@ -1,14 +1,13 @@
 """GGUF's block formats read as codes and scales: the view they stand for equals `gguf.quants.dequantize`
 bit for bit, on a tiny file written here and on tensors of the bundled SmolLM2 file."""
 
-import importlib
-
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from chapters import submodule
 from tests.ch01_naive_decode.test_loading import count_header_reads
 
 pytestmark = pytest.mark.requires("quantization")
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.requires("quantization")
 
 @pytest.fixture
 def formats(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.gguf_formats")
+    return submodule(checkpoint, "gguf_formats")
 
 
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"]
@@ -110,7 +109,7 @@ def write_tiny_llama(path):
 def test_a_file_is_parsed_once_for_the_checks_and_the_load(checkpoint, tmp_path, monkeypatch):
     """The engine checks a GGUF file's tensor types before it loads them; gguf's reader parses the header
     (seconds for a real vocabulary) once for both."""
-    quantization = importlib.import_module(f"{checkpoint.__name__}.quantization")
+    quantization = submodule(checkpoint, "quantization")
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     header_reads = count_header_reads(monkeypatch)
     quantization.check_options(str(path), "cpu", None, "gguf")

@@ -2,7 +2,6 @@
 weight is read; "auto" picks the compute dtype at each CPU level; bf16 runs at every level, with a warning
 where the CPU has no native bf16; the default path stays fp32."""
 
-import importlib
 import json
 import logging
 
@@ -12,6 +11,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
+from chapters import submodule
 from tests.ch13_quantization.cpu_levels import NATIVE_BF16, VARIABLE, levels
 
 pytestmark = [pytest.mark.requires("quantization"), pytest.mark.cpu_features]
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.requires("quantization"), pytest.mark.cpu_features]
 
 @pytest.fixture
 def quantization(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.quantization")
+    return submodule(checkpoint, "quantization")
 
 
 @pytest.fixture
@@ -29,8 +29,8 @@ def no_loading(checkpoint, quantization, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("weights were read although an option was bad")
 
-    loader = importlib.import_module(f"{checkpoint.__name__}.loader")
-    runner = importlib.import_module(f"{checkpoint.__name__}.model_runner")
+    loader = submodule(checkpoint, "loader")
+    runner = submodule(checkpoint, "model_runner")
     for module, name in [
         (loader, "load_model"),
         (loader, "load_file"),
@@ -125,7 +125,7 @@ def test_default_path_is_fp32_dense(checkpoint, tiny_model_dirs):
 def test_the_options_are_checked_once_per_engine(checkpoint, quantization, tiny_model_dirs, monkeypatch, option):
     """The engine checks its options before it reads anything; the loader only resolves the dtype (a GGUF
     file's header, read by the check, is not read twice)."""
-    llm_engine = importlib.import_module(f"{checkpoint.__name__}.llm_engine")
+    llm_engine = submodule(checkpoint, "llm_engine")
     calls = []
 
     def counted(*args, original=quantization.check_options):
@@ -147,7 +147,7 @@ def test_bfloat16_runs_at_every_level(checkpoint, tiny_model_dirs, monkeypatch, 
     """dtype="bfloat16" is accepted on every CPU: weights and KV cache in bf16, tokens generated (decode rows by
     the C kernel built for the level, or eagerly at "nocc"); where the CPU has no native bf16, one warning in
     the process says that fp32 may be faster."""
-    cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
+    cpu_features = submodule(checkpoint, "cpu_features")
     monkeypatch.setattr(cpu_features, "_warned", set())  # this process has not warned yet
     monkeypatch.setenv(VARIABLE, level)
     for _ in range(2):
@@ -163,7 +163,7 @@ def test_bfloat16_runs_at_every_level(checkpoint, tiny_model_dirs, monkeypatch, 
 def test_a_mask_above_the_cpu_is_clamped_with_a_warning(checkpoint, monkeypatch, caplog):
     """On a CPU whose own level is avx2 (made so here), every level above asks for what it lacks: the engine
     runs at avx2, and says so; "none" is "nocc"; unset, the CPU's own level."""
-    cpu_features = importlib.import_module(f"{checkpoint.__name__}.cpu_features")
+    cpu_features = submodule(checkpoint, "cpu_features")
     monkeypatch.setattr(cpu_features, "native_level", lambda: "avx2")
     monkeypatch.setattr(cpu_features, "_warned", set())
     for level in ("avx512", "avx512_bf16", "amx"):

@@ -5,13 +5,13 @@ same dequantized weights. bf16 compute stays within a stated tolerance of fp32; 
 tokens are fp32's for gguf and int4, or part from them only at a near tie of fp32's own logits."""
 
 import copy
-import importlib
 import logging
 import re
 
 import pytest
 import torch
 
+from chapters import submodule
 from tests.ch09_prefix_caching.engine_runs import run
 from tests.ch11_cpu_performance.test_fast_path import REFERENCE, REQUESTS, SHARED, engine, prompt
 from tests.oracle import hf_greedy, hf_logits
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.requires("quantization"), pytest.mark.cpu_features]
 
 @pytest.fixture
 def ql(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.quantized_linear")
+    return submodule(checkpoint, "quantized_linear")
 
 
 def force_packed(monkeypatch, ql) -> None:

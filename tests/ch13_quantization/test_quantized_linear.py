@@ -1,13 +1,13 @@
 """Quantized layers multiply like `F.linear` on their own dequantized weight, with either kernel; int8 and
 int4 quantization of a float weight comes back within half a step."""
 
-import importlib
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("quantization")
 
@@ -18,12 +18,12 @@ BF16_RELATIVE = 1e-2  # bf16 activations (and bf16 scales in the packed kernels)
 
 @pytest.fixture
 def ql(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.quantized_linear")
+    return submodule(checkpoint, "quantized_linear")
 
 
 @pytest.fixture
 def quantization(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.quantization")
+    return submodule(checkpoint, "quantization")
 
 
 def quantized_weight(ql, quantization, kind: str, seed: int = 0):

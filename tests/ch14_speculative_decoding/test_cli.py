@@ -1,11 +1,11 @@
 """`--speculative-config JSON` reaches the engine's options as a `SpeculativeConfig`; a bad one, or a checkpoint
 before chapter 14, is refused in one line before the model loads."""
 
-import importlib
 import json
 
 import pytest
 
+from chapters import submodule
 from tests.ch01_naive_decode.test_cli import FakeCheckpoint, assert_fails_fast, fake_chapters_answering
 
 pytestmark = pytest.mark.requires("speculative_decoding")
@@ -16,12 +16,12 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 
 @pytest.fixture
 def cli(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.__main__")
+    return submodule(checkpoint, "__main__")
 
 
 @pytest.fixture
 def speculative_config(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.speculative_config")
+    return submodule(checkpoint, "speculative_config")
 
 
 @pytest.fixture

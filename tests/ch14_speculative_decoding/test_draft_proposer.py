@@ -2,11 +2,11 @@
 record of a sequence went stale; sampled drafts come with the distributions they were drawn from; a pool
 too small gives no draft and no error; a draft with another vocabulary is refused before a weight is read."""
 
-import importlib
-
 import pytest
 import torch
 from torch._dynamo.utils import counters
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("speculative_decoding")
 
@@ -16,7 +16,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], list(range(30, 60))]
 
 @pytest.fixture
 def draft_module(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.draft_proposer")
+    return submodule(checkpoint, "draft_proposer")
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def greedy_continuation(engine, token_ids: list[int], num_tokens: int) -> list[i
 
 
 def request(checkpoint, key, token_ids, num_tokens, generator=None, **params):
-    proposer = importlib.import_module(f"{checkpoint.__name__}.proposer")
+    proposer = submodule(checkpoint, "proposer")
     return proposer.DraftRequest(key, list(token_ids), num_tokens, checkpoint.SamplingParams(**params), generator)
 
 
@@ -175,7 +175,7 @@ def test_sampled_drafts_come_with_their_distributions(checkpoint, make_proposer,
     assert all(draft.probs[i, token] > 0 for i, token in enumerate(draft.token_ids))
     # each row is the draft model's distribution after the tokens before it, filtered as the target filters
     logits = oracle_engine.prompt_logits(PROMPTS[0] + draft.token_ids[:3])[len(PROMPTS[0]) - 1 :]  # [4, vocab]
-    rejection_sampler = importlib.import_module(f"{checkpoint.__name__}.rejection_sampler")
+    rejection_sampler = submodule(checkpoint, "rejection_sampler")
     expected = rejection_sampler.target_probs(logits, checkpoint.SamplingParams(**params))
     torch.testing.assert_close(draft.probs, expected, atol=1e-5, rtol=1e-4)
     assert (draft.probs > 0).sum(-1).max() <= 50
@@ -193,9 +193,9 @@ def test_a_draft_with_another_vocabulary_is_refused_before_any_weight_is_read(
     def never(*args, **kwargs):
         raise AssertionError("weights were read")
 
-    loader = importlib.import_module(f"{checkpoint.__name__}.loader")
-    runner = importlib.import_module(f"{checkpoint.__name__}.model_runner")
-    quantization = importlib.import_module(f"{checkpoint.__name__}.quantization")
+    loader = submodule(checkpoint, "loader")
+    runner = submodule(checkpoint, "model_runner")
+    quantization = submodule(checkpoint, "quantization")
     for module, name in [
         (loader, "load_model"),
         (loader, "load_file"),
@@ -235,8 +235,8 @@ def test_in_the_engine_every_record_is_forgotten_and_greedy_answers_are_unchange
 def test_a_compiled_draft_beside_a_compiled_target(checkpoint, make_proposer, oracle_engine, tiny_model_dirs):
     """Two compiled runners in one process (the attention operator, its forward context, packed weights,
     compiled graphs): each computes what it computes alone, and drafting compiles nothing after warm-up."""
-    runner_module = importlib.import_module(f"{checkpoint.__name__}.model_runner")
-    step_inputs = importlib.import_module(f"{checkpoint.__name__}.step_inputs")
+    runner_module = submodule(checkpoint, "model_runner")
+    step_inputs = submodule(checkpoint, "step_inputs")
     target = runner_module.ModelRunner(tiny_model_dirs["mqa_tied"], "cpu", enforce_eager=False)
     target.allocate_kv_pool(8, 4, 64)
     prompt = PROMPTS[0]

@@ -1,9 +1,9 @@
 """`/metrics` renders speculative decoding's counters (vLLM's names) and the two rates they give, only when
 speculation is on."""
 
-import importlib
-
 import pytest
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("speculative_decoding")
 
@@ -17,17 +17,21 @@ SPEC_DECODE_SAMPLES = {
 
 
 def module_of(checkpoint, name: str):
-    return importlib.import_module(f"{checkpoint.__name__}.{name}")
+    return submodule(checkpoint, name)
 
 
 @pytest.fixture
-def render(checkpoint):
-    """`EngineMetrics.render()` after recording one `EngineStats` with these drafts (None: speculation off)."""
+def render(checkpoint, checkpoint_info):
+    """`EngineMetrics.render()` after recording one `EngineStats` with these drafts (None: speculation off).
+    One request runs, none waits: as id sets through chapter 16, as counts from chapter 17 (`metrics/stats.py`)."""
+    if "subpackages" in checkpoint_info.capabilities:
+        queues = {"num_running_requests": 1, "num_waiting_requests": 0}
+    else:
+        queues = {"running_requests": frozenset({"a"}), "waiting_requests": frozenset()}
 
     def rendered(spec_decode) -> str:
         stats = module_of(checkpoint, "llm_engine").EngineStats(
-            running_requests=frozenset({"a"}),
-            waiting_requests=frozenset(),
+            **queues,
             num_free_blocks=30,
             num_total_blocks=32,
             prefix_cache_queries=16,

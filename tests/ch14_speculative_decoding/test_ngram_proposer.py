@@ -1,8 +1,8 @@
 """Prompt lookup by hand: the longest n first, the most recent earlier match, what followed it."""
 
-import importlib
-
 import pytest
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("speculative_decoding")
 
@@ -10,13 +10,13 @@ pytestmark = pytest.mark.requires("speculative_decoding")
 @pytest.fixture
 def ngram_proposer(checkpoint):
     """The checkpoint's `NgramProposer(min_n, max_n)`."""
-    return importlib.import_module(f"{checkpoint.__name__}.ngram_proposer").NgramProposer
+    return submodule(checkpoint, "ngram_proposer").NgramProposer
 
 
 @pytest.fixture
 def request_for(checkpoint):
     """A `DraftRequest` for `num_tokens` drafts after `token_ids`, under default sampling parameters."""
-    proposer = importlib.import_module(f"{checkpoint.__name__}.proposer")
+    proposer = submodule(checkpoint, "proposer")
 
     def make(key, token_ids: list[int], num_tokens: int):
         return proposer.DraftRequest(key, token_ids, num_tokens, checkpoint.SamplingParams(), None)

@@ -2,23 +2,24 @@
 from, and the rejection rule checked statistically: what it emits follows the target's law whatever the
 draft's, and a wrong rule is caught by the same check."""
 
-import importlib
 import math
 
 import pytest
 import torch
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("speculative_decoding")
 
 
 @pytest.fixture
 def sampler(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.rejection_sampler")
+    return submodule(checkpoint, "rejection_sampler")
 
 
 @pytest.fixture
 def sampling(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.sampling")
+    return submodule(checkpoint, "sampling")
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ block of both pools is free. A step that fails while proposing, forwarding or ve
 as it was.
 """
 
-import importlib
 import shutil
 
 import pytest
 import torch
 
+from chapters import submodule
 from tests.ch07_continuous_batching.test_transactional_step import Injected, assert_same, snapshot
 from tests.ch09_prefix_caching.engine_runs import run
 from tests.ch11_cpu_performance.test_fast_path import REFERENCE, REQUESTS, SHARED, prompt
@@ -209,7 +209,7 @@ def test_an_abort_in_the_middle_frees_every_block_of_both_pools(checkpoint, tiny
 def fail_in(checkpoint, where: str, monkeypatch, should_fail, llm_engine) -> None:
     """The named part of a speculative step raises `Injected` when `should_fail()` says so."""
     if where == "verify":
-        owner, name = importlib.import_module(f"{checkpoint.__name__}.llm_engine"), "accept_greedy"
+        owner, name = submodule(checkpoint, "llm_engine"), "accept_greedy"
     elif where == "propose":
         owner, name = llm_engine.proposer, "propose"
     else:
@@ -333,7 +333,7 @@ def test_speculation_is_off_while_a_batch_of_disable_by_batch_size_runs(checkpoi
 def test_bad_speculative_options_fail_before_anything_loads(
     checkpoint, tiny_model_dirs, monkeypatch, speculative, options, message
 ):
-    loader = importlib.import_module(f"{checkpoint.__name__}.loader")
+    loader = submodule(checkpoint, "loader")
     monkeypatch.setattr(loader, "load_model", lambda *args, **kwargs: pytest.fail("a weight was loaded"))
     with pytest.raises(
         ValueError, match="speculative|num_speculative|prompt_lookup|quantization|gguf|disable"

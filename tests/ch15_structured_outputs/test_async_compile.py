@@ -3,11 +3,12 @@ queued: a slow compile never stalls the requests already running, and a constrai
 is the engine's ValueError with nothing queued."""
 
 import asyncio
-import importlib
 import threading
 import time
 
 import pytest
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("structured_outputs", "serving")
 
@@ -15,7 +16,7 @@ COMPILE_SECONDS = 1.0
 
 
 def test_a_slow_compile_runs_beside_the_steps_not_in_them(checkpoint, tiny_model_dirs, monkeypatch):
-    grammar = importlib.import_module(f"{checkpoint.__name__}.grammar")
+    grammar = submodule(checkpoint, "grammar")
     original, compiled_in = grammar.GrammarCache._compile, []
 
     def slow_compile(self, params):
@@ -25,7 +26,7 @@ def test_a_slow_compile_runs_beside_the_steps_not_in_them(checkpoint, tiny_model
 
     monkeypatch.setattr(grammar.GrammarCache, "_compile", slow_compile)
     engine = checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), enforce_eager=True)
-    async_engine = importlib.import_module(f"{checkpoint.__name__}.async_engine").AsyncLLMEngine(engine)
+    async_engine = submodule(checkpoint, "async_engine").AsyncLLMEngine(engine)
     unconstrained = checkpoint.SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     constraint = checkpoint.StructuredOutputsParams(regex="[a-z]{3}")
     constrained = checkpoint.SamplingParams(temperature=0, max_tokens=8, structured_outputs=constraint)
@@ -54,7 +55,7 @@ def test_a_slow_compile_runs_beside_the_steps_not_in_them(checkpoint, tiny_model
 
 def test_a_constraint_that_does_not_compile_is_refused_before_queueing(checkpoint, tiny_model_dirs):
     engine = checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]), enforce_eager=True)
-    async_engine = importlib.import_module(f"{checkpoint.__name__}.async_engine").AsyncLLMEngine(engine)
+    async_engine = submodule(checkpoint, "async_engine").AsyncLLMEngine(engine)
     params = checkpoint.SamplingParams(structured_outputs=checkpoint.StructuredOutputsParams(regex="(unclosed"))
 
     async def main():

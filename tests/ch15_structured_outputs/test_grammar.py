@@ -8,12 +8,14 @@ import pytest
 import torch
 import xgrammar
 
+from chapters import submodule
+
 pytestmark = pytest.mark.requires("structured_outputs")
 
 
 @pytest.fixture
 def grammar(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.grammar")
+    return submodule(checkpoint, "grammar")
 
 
 @pytest.fixture
@@ -95,7 +97,7 @@ def test_drafts_are_checked_and_masked_without_moving_the_state(checkpoint, gram
 
 @pytest.mark.parametrize("vocab_size", [64, 100])
 def test_the_bitmask_on_the_logits_agrees_with_xgrammars_kernel(checkpoint, vocab_size):
-    token_bitmask = importlib.import_module(f"{checkpoint.__name__}.token_bitmask")
+    token_bitmask = submodule(checkpoint, "token_bitmask")
     generator = torch.Generator().manual_seed(0)
     words = (vocab_size + 31) // 32
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), dtype=torch.int32, generator=generator)

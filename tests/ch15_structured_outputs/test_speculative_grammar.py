@@ -3,10 +3,10 @@ the grammar allows the answers "a" and "b" (the regex [ab]); the target likes a 
 likes a and c. The draft's c is refused by the grammar; the target must then draw from max(0, p - q), which
 is b alone, so that a comes out with probability 1/2, not the 3/4 of a target that draws from its own p."""
 
-import importlib
-
 import pytest
 import torch
+
+from chapters import submodule
 
 pytestmark = pytest.mark.requires("structured_outputs")
 
@@ -15,7 +15,7 @@ CRITICAL_1_DOF = 10.828  # Pearson's chi-square at p = 0.001, one degree of free
 
 @pytest.fixture
 def modules(checkpoint):
-    return {name: importlib.import_module(f"{checkpoint.__name__}.{name}") for name in ("grammar", "rejection_sampler")}
+    return {name: submodule(checkpoint, name) for name in ("grammar", "rejection_sampler")}
 
 
 def emitted_tokens(checkpoint, modules, tiny_model_dirs, num_trials: int) -> list[int]:
@@ -51,7 +51,7 @@ def emitted_tokens(checkpoint, modules, tiny_model_dirs, num_trials: int) -> lis
 
 
 def sampler_draft(checkpoint, token_ids: list[int], probs: torch.Tensor):
-    return importlib.import_module(f"{checkpoint.__name__}.proposer").Draft(token_ids, probs)
+    return submodule(checkpoint, "proposer").Draft(token_ids, probs)
 
 
 def test_a_sampled_draft_cut_by_the_grammar_keeps_the_targets_law(checkpoint, modules, tiny_model_dirs):

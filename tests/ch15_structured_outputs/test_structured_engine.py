@@ -9,13 +9,13 @@ same under a pool small enough to preempt, a budget small enough to chunk prompt
 speculative decoding (whose drafts the grammar cuts) and a step that fails and is run again.
 """
 
-import importlib
 import json
 import re
 
 import jsonschema
 import pytest
 
+from chapters import submodule
 from tests.ch07_continuous_batching.test_transactional_step import Injected, assert_same, snapshot
 from tests.ch09_prefix_caching.engine_runs import run
 from tests.ch11_cpu_performance.test_fast_path import REFERENCE, REQUESTS
@@ -150,7 +150,7 @@ def test_unconstrained_requests_beside_constrained_ones_get_their_tokens_alone(c
 def grammar_cuts(checkpoint, monkeypatch) -> list[int]:
     """Wrap `GrammarState.valid_prefix`: returns a list that gets, per draft checked, how many of its tokens
     the grammar refused."""
-    grammar = importlib.import_module(f"{checkpoint.__name__}.grammar")
+    grammar = submodule(checkpoint, "grammar")
     original, cuts = grammar.GrammarState.valid_prefix, []
 
     def recording(self, token_ids):
@@ -224,7 +224,7 @@ def test_sampled_answers_with_speculation_match_and_repeat(checkpoint, tiny_mode
 
 def grammar_masks(checkpoint, llm_engine) -> dict:
     """Every sample's next-token mask: where its grammar stands, as a value that can be compared."""
-    grammar = importlib.import_module(f"{checkpoint.__name__}.grammar")
+    grammar = submodule(checkpoint, "grammar")
     masks = {}
     for request_id, state in llm_engine.requests.items():
         for index, sample in enumerate(state.samples):
@@ -251,9 +251,9 @@ def test_a_failed_step_leaves_every_grammar_where_it_was(checkpoint, tiny_model_
     before the step; going on gives the tokens of an undisturbed run."""
     speculative = NGRAM if where == "verify" else None
     expected = run(engine(checkpoint, tiny_model_dirs["gqa"], **REFERENCE), REQUESTS, greedy(checkpoint, 2)).tokens
-    llm_engine_module = importlib.import_module(f"{checkpoint.__name__}.llm_engine")
-    grammar_module = importlib.import_module(f"{checkpoint.__name__}.grammar")
-    detokenizer_module = importlib.import_module(f"{checkpoint.__name__}.detokenizer")
+    llm_engine_module = submodule(checkpoint, "llm_engine")
+    grammar_module = submodule(checkpoint, "grammar")
+    detokenizer_module = submodule(checkpoint, "detokenizer")
     for fail_at in (2, 6, 11):
         llm_engine = engine(checkpoint, tiny_model_dirs["gqa"], budget=8, speculative_config=speculative, **REFERENCE)
         owner, name = {

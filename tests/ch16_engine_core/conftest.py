@@ -46,3 +46,13 @@ def offline(checkpoint, offline_llms, tiny_model_dirs):
     if checkpoint.__name__ not in offline_llms:
         offline_llms[checkpoint.__name__] = checkpoint.LLM(str(tiny_model_dirs["gqa"]), enforce_eager=True)
     return offline_llms[checkpoint.__name__]
+
+
+def idle(stats, point) -> bool:
+    """No request running or waiting and every block free, in a core's `EngineStats`: its queues are id sets
+    through chapter 16, counts from chapter 17 on (`point`: the test's `checkpoint_info`)."""
+    if "subpackages" in point.capabilities:
+        queued = stats.num_running_requests + stats.num_waiting_requests
+    else:
+        queued = len(stats.running_requests | stats.waiting_requests)
+    return queued == 0 and stats.num_free_blocks == stats.num_total_blocks

@@ -10,11 +10,12 @@ import pytest
 
 from tests.ch10_serving.conftest import parse_metrics
 from tests.ch10_serving.test_load import request_body, stream_completion, watch_health
+from tests.ch16_engine_core.conftest import idle
 
 pytestmark = pytest.mark.requires("engine_core")
 
 
-def test_64_streaming_clients_on_two_cores(checkpoint, dp_server, offline):
+def test_64_streaming_clients_on_two_cores(checkpoint, checkpoint_info, dp_server, offline):
     rng = random.Random(1)
     bodies = [request_body(i) for i in range(64)]
     leaving = {i: rng.randint(1, 4) for i in rng.sample(range(64), 21)}
@@ -36,7 +37,7 @@ def test_64_streaming_clients_on_two_cores(checkpoint, dp_server, offline):
     assert set(health) == {200}
     for core in (0, 1):
         stats = engine.metrics.stats[core]
-        assert stats.num_free_blocks == stats.num_total_blocks and not stats.unfinished_requests, core
+        assert idle(stats, checkpoint_info), core
         assert stats.prefix_cache_queries > before[core], f"core {core} served nothing"
     assert metrics["rosellm:kv_blocks_free"] == dp_server.num_total_blocks
     assert engine.router.loads == [0, 0] and not engine._requests

@@ -2,11 +2,13 @@
 of its steps add up to the offline engine's; a step that fails twice aborts its requests, reports them as
 failed, frees their blocks, and the core serves the next request; `Shutdown` ends the loop."""
 
-import importlib
 import threading
 
 import pytest
 import zmq
+
+from chapters import submodule
+from tests.ch16_engine_core.conftest import idle
 
 pytestmark = pytest.mark.requires("engine_core")
 
@@ -15,8 +17,8 @@ class CoreInThread:
     """An `EngineCore` on a fresh engine, run by a thread; `send` and `receive` speak to it as a front end."""
 
     def __init__(self, checkpoint, model_dir):
-        protocol = importlib.import_module(f"{checkpoint.__name__}.core_protocol")
-        engine_core = importlib.import_module(f"{checkpoint.__name__}.engine_core")
+        protocol = submodule(checkpoint, "core_protocol")
+        engine_core = submodule(checkpoint, "engine_core")
         self.protocol, self.context = protocol, zmq.Context()
         self.to_core, self.from_core = self.context.socket(zmq.PUSH), self.context.socket(zmq.PULL)
         self.to_core.bind("inproc://inputs")
@@ -58,7 +60,7 @@ class CoreInThread:
         self.context.destroy(linger=0)
 
 
-def test_a_core_answers_steps_fails_and_stops(checkpoint, tiny_model_dirs, monkeypatch):
+def test_a_core_answers_steps_fails_and_stops(checkpoint, checkpoint_info, tiny_model_dirs, monkeypatch):
     core = CoreInThread(checkpoint, tiny_model_dirs["gqa"])
     p = core.protocol
     params = checkpoint.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -78,7 +80,7 @@ def test_a_core_answers_steps_fails_and_stops(checkpoint, tiny_model_dirs, monke
         core.send(p.AddRequest("doomed", [5, 6, 7, 8], params))
         tokens, failure, last = core.run_to_end("doomed")
         assert tokens == [] and "a broken forward" in failure
-        assert last.stats.num_free_blocks == last.stats.num_total_blocks and not last.stats.unfinished_requests
+        assert idle(last.stats, checkpoint_info)
         monkeypatch.undo()
 
         core.send(p.AddRequest("fine", [5, 6, 7, 8], params))

@@ -4,6 +4,8 @@ one's by more than the slack; a core's memory of blocks is as long as its pool."
 
 import pytest
 
+from chapters import submodule
+
 pytestmark = pytest.mark.requires("engine_core")
 
 BLOCK = 4  # tokens per block in these tables
@@ -11,9 +13,8 @@ BLOCK = 4  # tokens per block in these tables
 
 @pytest.fixture
 def router_module(checkpoint):
-    import importlib
 
-    return importlib.import_module(f"{checkpoint.__name__}.replica_router")
+    return submodule(checkpoint, "replica_router")
 
 
 def make(router_module, cores=2, blocks=100, prefix_caching=True):
@@ -83,10 +84,9 @@ def test_one_core_or_no_prefix_caching_routes_by_load_alone(router_module):
 def test_the_router_hashes_a_prompt_as_the_block_manager_does(checkpoint, router_module):
     """The router remembers blocks by the block manager's own chain: a prompt's hashes are the ones its
     sequence gets in a caching block manager (a partial last block has none)."""
-    import importlib
 
-    block_manager = importlib.import_module(f"{checkpoint.__name__}.block_manager")
-    sequence = importlib.import_module(f"{checkpoint.__name__}.sequence")
+    block_manager = submodule(checkpoint, "block_manager")
+    sequence = submodule(checkpoint, "sequence")
     tokens = prompt(7, 3 * BLOCK + 2)
     seq = sequence.Sequence("0", tokens, checkpoint.SamplingParams(), set(), 64)
     manager = block_manager.BlockManager(16, BLOCK, enable_prefix_caching=True)

@@ -1,10 +1,9 @@
 """`python -m rosellm serve`'s chapter 16 options: `--data-parallel-size N` engine cores, `--in-process` for chapter
 10's arrangement; what cannot work fails before anything loads, with one line and exit code 2."""
 
-import importlib
-
 import pytest
 
+from chapters import submodule
 from tests.ch01_naive_decode.test_cli import assert_fails_fast
 
 pytestmark = pytest.mark.requires("engine_core")
@@ -12,7 +11,7 @@ pytestmark = pytest.mark.requires("engine_core")
 
 @pytest.fixture
 def cli(checkpoint):
-    return importlib.import_module(f"{checkpoint.__name__}.__main__")
+    return submodule(checkpoint, "__main__")
 
 
 @pytest.mark.parametrize(

@@ -86,3 +86,37 @@ def test_a_committed_fix_with_base_and_a_dry_run(repo):
 def test_an_unknown_chapter_is_refused(repo):
     done = forward_fix(repo, "ch09")
     assert done.returncode == 2 and "no checkpoint 'ch09'" in done.stderr
+
+
+@pytest.fixture
+def moved_repo(repo) -> Path:
+    """The same three checkpoints, chapter 3 with subpackages: `shared.py` moved unchanged to `core/`,
+    `drift.py` to `engine/`, as its `__modules__` says."""
+    package = repo / "rosellm"
+    for name, folder in (("shared", "core"), ("drift", "engine")):
+        (package / folder).mkdir()
+        (package / folder / "__init__.py").write_text(f'"""The {folder}."""\n')
+        git(repo, "mv", f"rosellm/{name}.py", f"rosellm/{folder}/{name}.py")
+    modules = '__modules__ = {"shared": "core.shared", "drift": "engine.drift"}\n'
+    (package / "__init__.py").write_text('__chapter__ = "03_three"\n__capabilities__ = frozenset()\n' + modules)
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=Test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "move")
+    return repo
+
+
+def test_a_fix_of_a_flat_chapter_reaches_the_moved_file(moved_repo):
+    (moved_repo / "chapters/ch01_one/rosellm/shared.py").write_text("LIMIT = 2\n")
+    done = forward_fix(moved_repo, "ch01")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rosellm/core/shared.py" in done.stdout
+    assert (moved_repo / "rosellm/core/shared.py").read_text() == "LIMIT = 2\n"
+    assert not (moved_repo / "rosellm/shared.py").exists()
+    assert contents(moved_repo, "shared.py")[:2] == ["LIMIT = 2\n"] * 2
+
+
+def test_a_moved_file_that_had_changed_is_reported_at_its_new_path(moved_repo):
+    (moved_repo / "chapters/ch02_two/rosellm/drift.py").write_text("VALUE = 2\n")
+    done = forward_fix(moved_repo, "ch02")
+    assert done.returncode == 1
+    assert "DIFFERS        rosellm/engine/drift.py" in done.stdout
+    assert (moved_repo / "rosellm/engine/drift.py").read_text() == "VALUE = 3\n"

@@ -72,6 +72,39 @@ def test_a_marker_naming_no_chapter_fails_the_build():
         render(docs_hooks, '!!! note "Where the code is"\n    <!-- code-location: ch99_nothing -->\n')
 
 
+def test_a_move_into_subpackages_is_diffed_as_renames(tmp_path):
+    """From a flat checkpoint to one with `__modules__`: a moved file is paired with its new path, "moved" when
+    it did not change (a row, no fold), "moved, changed" with only the changed lines, as `git diff -M`."""
+    flat, nested = tmp_path / "flat", tmp_path / "nested"
+    (flat).mkdir()
+    (nested / "core").mkdir(parents=True)
+    (flat / "scheduler.py").write_text("A = 1\n")
+    (flat / "loader.py").write_text("from .scheduler import A\nB = 2\n")
+    (nested / "core" / "scheduler.py").write_text("A = 1\n")
+    (nested / "core" / "loader.py").write_text("from ..core.scheduler import A\nB = 2\n")
+    (nested / "core" / "__init__.py").write_text('"""The core."""\n')
+    renames = (("loader", "core.loader"), ("scheduler", "core.scheduler"))
+    old = chapters.Checkpoint(1, "flat", "ch01_flat", "x", flat, frozenset())
+    new = chapters.Checkpoint(2, "nested", "ch02_nested", "y", nested, frozenset(), renames)
+    old_files, new_files = docs_hooks.checkpoint_files(flat), docs_hooks.checkpoint_files(nested)
+    assert docs_hooks.paired_paths(old, new, old_files, new_files) == [
+        (None, "core/__init__.py"),
+        ("loader.py", "core/loader.py"),
+        ("scheduler.py", "core/scheduler.py"),
+    ]
+    page = docs_hooks.chapter_diff(ROOT, "ch16_engine_core", "ch17_layout")
+    assert "| `rosellm/scheduler.py` → `rosellm/core/scheduler.py` | moved | +0 | −0 |" in page
+    assert (
+        "[`rosellm/llm_engine.py` → `rosellm/engine/llm_engine.py`](#diff-engine-llm-engine-py) | moved, changed"
+        in page
+    )
+    fold = page[page.index('id="diff-engine-llm-engine-py"') :].split("</details>")[0]
+    assert (
+        "-from .block_manager import BlockManager" in fold and "+from ..core.block_manager import BlockManager" in fold
+    )
+    assert "def step(" not in fold  # the lines that changed, not the whole file again
+
+
 @pytest.mark.parametrize("point", chapters.checkpoints(), ids=lambda point: point.name)
 def test_each_chapter_page_opens_its_note_with_its_own_marker(point):
     text = (ROOT / "docs" / "chapters" / f"{point.name}.md").read_text()
