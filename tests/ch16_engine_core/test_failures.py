@@ -178,7 +178,8 @@ def test_a_core_that_stops_reading_never_freezes_the_front_end(checkpoint, tiny_
 
     try:
         gaps, ends, seconds = in_own_thread(main, timeout=10)
-        assert max(gaps) < 1.0 and seconds < 1.0
+        # a frozen loop never ticks again (the 10 s timeout); a gap of a second or two is a busy machine
+        assert max(gaps) < 3.0 and seconds < 1.0
         assert all(isinstance(end, dead) for end in ends), {type(end).__name__ for end in ends}
     finally:  # the watcher stops the engine
         if alive(pid):
