@@ -34,7 +34,8 @@ def run_without_triton(code: str, env: dict | None = None) -> subprocess.Complet
 
 def test_the_triton_backend_refuses_in_one_line(checkpoint):
     code = f"""
-from {checkpoint.__name__} import attention_backend
+import chapters
+attention_backend = chapters.submodule("{checkpoint.__name__}", "attention_backend")
 for device in ("cuda", "cpu"):
     try:
         attention_backend.get_attention_backend("triton", device)
@@ -51,7 +52,8 @@ print(attention_backend.get_attention_backend("torch", "cpu").name)
 
 def test_the_command_line_says_it_before_loading(checkpoint):
     code = f"""
-from {checkpoint.__name__} import __main__ as cli
+import chapters
+cli = chapters.submodule("{checkpoint.__name__}", "__main__")
 cli.load_llm = None  # never reached: the check comes first
 cli.main(["generate", "hi", "--attention-backend", "triton"])
 """
