@@ -106,3 +106,12 @@ def test_the_script_exits_1_on_a_planted_upward_import(tmp_path, capsys):
     package = plant(tmp_path, {"low/b.py": "from ..top import a\n"})
     assert layers.main([str(package)]) == 1
     assert "upward: low.b imports top.a" in capsys.readouterr().out
+
+
+@pytest.mark.latest_only
+def test_the_page_counts_the_package_as_it_is(checkpoint_info):
+    """Chapter 17's page states files, lines and import levels of its package: they must be today's."""
+    page = (ROOT / "docs" / "chapters" / "ch17_layout.md").read_text()
+    counted = layers.describe(checkpoint_info.path).split(": ", 1)[1]  # "84 Python files, 8648 lines, 19 ..."
+    files, lines, levels = (int(word) for word in counted.replace(",", "").split() if word.isdigit())
+    assert f"| chapter 17 | {files} | {lines:,} | {levels} | 0 |" in page, counted
