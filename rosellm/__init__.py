@@ -7,7 +7,7 @@ from .entrypoints.llm import LLM
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams, StructuredOutputsParams
 
-__chapter__ = "17_layout"
+__chapter__ = "18_cpu_kernels"
 __capabilities__ = frozenset(
     {
         "kv_cache",

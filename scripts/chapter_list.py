@@ -141,6 +141,14 @@ SUMMARIES = {
         ),
         "be read and extended by folder, and read next to vLLM",
     ),
+    "ch18_cpu_kernels": (
+        (
+            "kernels that fit the machine: activations quantized to 8 bits in blocks of 32 and integer dot "
+            "products against GGUF's 4-bit and 8-bit weights at batch 1 (llama.cpp's way), in C with a path per "
+            "CPU level (AVX-512 VNNI, AVX2, plain C), beside the tensor algebra it must equal"
+        ),
+        "decode a GGUF model at batch 1 on integer dot products, on every CPU level",
+    ),
 }
 HEADING = re.compile(r"^#\s+(?:\d+\s*·\s*)?(.+?)\s*$", re.MULTILINE)
 

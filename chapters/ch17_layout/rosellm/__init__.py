@@ -1,0 +1,123 @@
+"""rosellm: an LLM inference engine built from scratch, one chapter at a time."""
+
+from .config.engine import EngineConfig
+from .engine.async_llm import AsyncLLM
+from .engine.llm_engine import LLMEngine
+from .entrypoints.llm import LLM
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import SamplingParams, StructuredOutputsParams
+
+__chapter__ = "17_layout"
+__capabilities__ = frozenset(
+    {
+        "kv_cache",
+        "batched",
+        "block_manager",
+        "paged",
+        "triton_kernels",
+        "step_engine",
+        "preemption",
+        "sequence_blocks",
+        "chunked_prefill",
+        "prefix_caching",
+        "parallel_sampling",
+        "serving",
+        "compiled",
+        "tensor_parallel",
+        "quantization",
+        "speculative_decoding",
+        "structured_outputs",
+        "engine_core",
+        "subpackages",
+    }
+)
+# The layers, top first: a module imports from its own layer or the ones below, never above (the package's
+# __init__ and __main__ sit above them all); the last layer's leaves may import one another, without a cycle.
+__layers__ = (
+    "entrypoints",
+    "engine",
+    "metrics",
+    "executor",
+    "structured_output",
+    "spec_decode",
+    "core",
+    "sample",
+    "worker",
+    "model_executor",
+    "distributed",
+    "attention",
+    "platforms",
+    "config envs outputs sampling_params utils",
+)
+# Where each module of chapters 01-16's flat package lives in this one: tests and scripts name a module once,
+# by its flat name, and `chapters.submodule` finds it here (a checkpoint without `__modules__` is flat).
+__modules__ = {
+    "__main__": "entrypoints.cli",
+    "llm": "entrypoints.llm",
+    "chat_template": "entrypoints.chat_template",
+    "api_server": "entrypoints.openai.api_server",
+    "openai_protocol": "entrypoints.openai.protocol",
+    "llm_engine": "engine.llm_engine",
+    "engine_core": "engine.core",
+    "core_client": "engine.core_client",
+    "core_protocol": "engine.core_protocol",
+    "async_engine": "engine.async_llm_engine",
+    "async_llm": "engine.async_llm",
+    "input_processor": "engine.input_processor",
+    "output_processor": "engine.output_processor",
+    "detokenizer": "engine.detokenizer",
+    "stop_strings": "engine.stop_strings",
+    "replica_router": "engine.replica_router",
+    "metrics": "metrics.prometheus",
+    "parallel_runner": "executor.parallel_runner",
+    "grammar": "structured_output.grammar",
+    "token_bitmask": "structured_output.token_bitmask",
+    "proposer": "spec_decode.proposer",
+    "ngram_proposer": "spec_decode.ngram_proposer",
+    "draft_proposer": "spec_decode.draft_proposer",
+    "speculative_decoding": "spec_decode.proposers",
+    "scheduler": "core.scheduler",
+    "sequence": "core.sequence",
+    "block_manager": "core.block_manager",
+    "block_allocator": "core.block_allocator",
+    "prefix_caching": "core.prefix_caching",
+    "sampling": "sample.sampler",
+    "rejection_sampler": "sample.rejection_sampler",
+    "model_runner": "worker.model_runner",
+    "step_inputs": "worker.step_inputs",
+    "model": "model_executor.models.llama",
+    "loader": "model_executor.model_loader.loader",
+    "quantization": "model_executor.model_loader.quantization",
+    "gguf_formats": "model_executor.model_loader.gguf",
+    "quantized_linear": "model_executor.layers.quantized_linear",
+    "packed_linear": "model_executor.layers.packed_linear",
+    "tensor_parallel": "distributed.tensor_parallel",
+    "attention_backend": "attention.selector",
+    "attention_metadata": "attention.metadata",
+    "attention_op": "attention.layer",
+    "kv_pool": "attention.kv_pool",
+    "cpu_attention": "attention.backends.cpu_attn",
+    "grouped_attention": "attention.backends.grouped_attn",
+    "kernels": "attention.backends.triton_attn",
+    "paged_attention": "attention.ops.paged_attention",
+    "kernels.decode_attention": "attention.ops.triton_decode_attention",
+    "kernels.prefill_attention": "attention.ops.triton_prefill_attention",
+    "kernels.store_kv": "attention.ops.triton_store_kv",
+    "c_kernels": "attention.ops.c_kernels",
+    "cpu_features": "platforms.cpu_features",
+    "config": "config.model",
+    "engine_config": "config.engine",
+    "speculative_config": "config.speculative",
+    "structured_outputs": "sampling_params",
+    "block_math": "utils",
+}
+__all__ = [
+    "AsyncLLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "LLM",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputsParams",
+]

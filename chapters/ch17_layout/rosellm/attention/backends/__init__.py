@@ -1,0 +1,1 @@
+"""Attention backends: the grouped PyTorch one, the CPU one, the Triton one."""

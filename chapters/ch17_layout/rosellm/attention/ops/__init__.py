@@ -1,0 +1,1 @@
+"""Functions of tensors: the PyTorch reference, the Triton kernels, the C kernel and its builder."""

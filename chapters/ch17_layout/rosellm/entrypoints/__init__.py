@@ -1,0 +1,1 @@
+"""What a user calls: the `LLM` class, the command line, the OpenAI-compatible server."""

@@ -1,0 +1,1 @@
+"""What the server exports about the engine's load, from the engine's stats snapshots."""

@@ -1,0 +1,1 @@
+"""Layers the models share: packed (fused) and quantized linear layers."""

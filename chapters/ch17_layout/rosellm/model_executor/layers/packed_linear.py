@@ -1,0 +1,62 @@
+"""Linear layers on weights packed once for oneDNN, the CPU's fast path for small batches of rows.
+
+`F.linear` hands a row-major [out, in] weight to the BLAS at every call, which re-blocks it for its
+kernel each time; at decode shapes (a few dozen rows) that costs as much as the multiply. oneDNN can
+reorder a weight once, at load, into the blocked layout its kernel reads (what Inductor's freezing pass
+does on CPU); the LM head, the largest matrix, gains the most.
+
+The packed weight is an opaque oneDNN tensor that torch.compile cannot trace, so the multiply is a custom
+operator: compiled code calls it like any other extern kernel, with the plain weight as its argument; the
+operator finds the packed copy made for that weight.
+"""
+
+import weakref
+
+import torch
+from torch import nn
+
+_packed: dict[int, torch.Tensor] = {}  # weight.data_ptr() -> its packed copy, while the weight lives
+
+
+def pack_weight(weight: torch.Tensor) -> None:
+    """Reorder `weight` [out, in] for oneDNN once; `packed_linear` on it then uses the packed copy."""
+    key = weight.data_ptr()
+    _packed[key] = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    weakref.finalize(weight, _packed.pop, key, None)
+
+
+# One operator per copy of the package: the frozen chapters beside `rosellm` each register their own
+# (`rosellm::packed_linear`, `chapters_ch11_cpu_performance_rosellm::packed_linear`, ...).
+OPERATOR = f"{__package__.replace('.', '_')}::packed_linear"
+
+
+@torch.library.custom_op(OPERATOR, mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias with the packed copy of `weight`: x [rows, in] -> [rows, out]."""
+    return torch.ops.mkldnn._linear_pointwise(x, _packed[weight.data_ptr()], bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` whose weight has been packed (`pack_linears`); same parameters, same results within
+    floating-point reordering."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x, self.weight, self.bias)
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    """fp32 weights on CPU (the dtype this chapter measures; others keep `F.linear`)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+def pack_linears(model: nn.Module) -> None:
+    """Every `nn.Linear` of `model` becomes a `PackedLinear` on a packed copy of its weight."""
+    for module in model.modules():
+        if type(module) is nn.Linear and can_pack(module.weight):
+            pack_weight(module.weight)
+            module.__class__ = PackedLinear

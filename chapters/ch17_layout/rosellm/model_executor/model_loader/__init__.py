@@ -1,0 +1,1 @@
+"""Weights into a model: Hugging Face folders, GGUF files, quantization at load."""

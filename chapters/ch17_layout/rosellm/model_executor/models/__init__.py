@@ -1,0 +1,1 @@
+"""The model families: the Llama-family decoder."""

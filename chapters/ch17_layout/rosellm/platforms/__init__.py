@@ -1,0 +1,1 @@
+"""What the machine can do: the CPU's vector extensions and the level kernels are built for."""
