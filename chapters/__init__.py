@@ -67,6 +67,10 @@ CAPABILITIES = {
     "subpackages": (
         "modules in subpackages that mirror vLLM's, in layers that import one way (`__layers__`, `__modules__`)"
     ),
+    "integer_dot": (
+        "GGUF's 4- and 8-bit weights on fp32 activations: few rows quantized to 8 bits per block of 32 and "
+        "multiplied in integer dot products by a C kernel per CPU level (`int8_activations`)"
+    ),
 }
 
 

@@ -29,6 +29,7 @@ __capabilities__ = frozenset(
         "structured_outputs",
         "engine_core",
         "subpackages",
+        "integer_dot",
     }
 )
 # The layers, top first: a module imports from its own layer or the ones below, never above (the package's

@@ -39,6 +39,10 @@ class EngineConfig:
     quantization:           weights in fewer bytes (model_executor/model_loader/quantization.py): None (fp32
                             weights), "gguf" (a .gguf file's own quantized tensors), "int8" or "int4" (quantized
                             at load); not with tensor parallelism
+    int8_activations:       with quantized weights and fp32 compute on CPU, few rows (decode) quantize the
+                            activations to 8 bits per block of 32 and multiply the weights' codes in integer
+                            dot products (model_executor/layers/integer_dot.py, llama.cpp's way); False: the
+                            exact fp32 product with the dequantized weights
     speculative_config:     speculative decoding (speculative.py): vLLM's dict, e.g. {"method": "ngram",
                             "num_speculative_tokens": 4}; None: off
     detokenize:             turn tokens into text and match stop strings in the engine; False leaves both to
@@ -59,6 +63,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     tensor_parallel_size: int = 1
     quantization: str | None = None
+    int8_activations: bool = True
     speculative_config: SpeculativeConfig | dict | None = None
     detokenize: bool = True
 
@@ -79,7 +84,13 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not (isinstance(self.watermark, (int, float)) and 0 <= self.watermark < 1):
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
-        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "detokenize"):
+        for name in (
+            "enable_chunked_prefill",
+            "enable_prefix_caching",
+            "enforce_eager",
+            "detokenize",
+            "int8_activations",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_quantization(self.quantization)

@@ -65,7 +65,9 @@ class LLMEngine:
         if config.tensor_parallel_size > 1:  # this process becomes rank 0 of tensor_parallel_size
             self.model_runner = TensorParallelRunner(*runner_args, config.tensor_parallel_size)
         else:
-            self.model_runner = ModelRunner(*runner_args, quantization=config.quantization)
+            self.model_runner = ModelRunner(
+                *runner_args, quantization=config.quantization, int8_activations=config.int8_activations
+            )
         self.proposer: Proposer | None = None
         try:
             self._build(config)

@@ -16,7 +16,7 @@ class LLM:
     """Load a model and generate text. `dtype`: "auto" (None), "float32", "bfloat16" or a torch.dtype.
     `engine_options` are the fields of `EngineConfig` (max_model_len, max_num_seqs, max_num_batched_tokens,
     block_size, num_kv_blocks, kv_cache_memory, watermark, attention_backend, enforce_eager,
-    enable_chunked_prefill, enable_prefix_caching, tensor_parallel_size, quantization,
+    enable_chunked_prefill, enable_prefix_caching, tensor_parallel_size, quantization, int8_activations,
     speculative_config, detokenize).
 
     With tensor_parallel_size > 1 it starts worker processes: `close()` them, or use `with LLM(...) as llm:`

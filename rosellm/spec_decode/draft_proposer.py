@@ -44,8 +44,8 @@ class DraftRow:
 
 
 class DraftModelProposer:
-    """A `Proposer` that runs its own `ModelRunner` (model `model`, `quantization` as the runner takes it)
-    with a KV pool of `num_blocks` blocks of `block_size` slots."""
+    """A `Proposer` that runs its own `ModelRunner` (model `model`, `quantization` and `int8_activations` as
+    the runner takes them) with a KV pool of `num_blocks` blocks of `block_size` slots."""
 
     def __init__(
         self,
@@ -58,8 +58,17 @@ class DraftModelProposer:
         num_blocks: int,
         block_size: int,
         max_model_len: int,
+        int8_activations: bool = True,
     ):
-        self.runner = ModelRunner(model, device, dtype, attention_backend, enforce_eager, quantization=quantization)
+        self.runner = ModelRunner(
+            model,
+            device,
+            dtype,
+            attention_backend,
+            enforce_eager,
+            quantization=quantization,
+            int8_activations=int8_activations,
+        )
         self.max_model_len = min(max_model_len, self.runner.config.max_position_embeddings)
         try:
             self.runner.allocate_kv_pool(num_blocks, block_size, self.max_model_len)

@@ -58,4 +58,5 @@ def make_proposer(
         num_blocks,
         config.block_size,
         max_model_len,
+        config.int8_activations,
     )

@@ -10,7 +10,7 @@ import torch
 from ..attention.kv_pool import KVPool
 from ..attention.metadata import AttentionMetadata
 from ..attention.selector import get_attention_backend
-from ..model_executor.layers import packed_linear
+from ..model_executor.layers import packed_linear, quantized_linear
 from ..model_executor.model_loader.loader import load_model
 from ..utils import blocks_for
 from .step_inputs import StepInputs
@@ -18,7 +18,8 @@ from .step_inputs import StepInputs
 
 class ModelRunner:
     """One process's model: the whole model, or the slice of tensor-parallel rank `rank` of `size`;
-    `quantization` and `dtype` as `load_model` takes them."""
+    `quantization` and `dtype` as `load_model` takes them; `int8_activations`: quantized layers on fp32 compute
+    run few rows on integer dot products (layers/quantized_linear.py's `use_integer_dot`)."""
 
     def __init__(
         self,
@@ -30,6 +31,7 @@ class ModelRunner:
         rank: int = 0,
         size: int = 1,
         quantization: str | None = None,
+        int8_activations: bool = True,
     ):
         self.device = torch.device(device)
         self.enforce_eager = enforce_eager
@@ -37,6 +39,8 @@ class ModelRunner:
         self.model, _ = load_model(model, self.device, dtype, rank, size, quantization)
         self.model.set_attention_backend(self.attention_backend)
         packed_linear.pack_linears(self.model)  # on CPU: every projection on a weight packed once for oneDNN
+        if int8_activations:
+            quantized_linear.use_integer_dot(self.model)
         if not enforce_eager:
             self.model.compile_step()
         self.config = self.model.config

@@ -1,13 +1,14 @@
 """C kernels of the package, compiled on first use with the machine's C compiler and called through ctypes.
 
 Inductor needs a C compiler on the CPU already (it compiles the C++ it writes), so a kernel written by hand
-needs no other tool: its source ships beside this file, is compiled once per machine and per set of
-constants into rosellm's cache, and is loaded with ctypes. The constants are the model's shapes (the
-compiler unrolls the loops over them). The code is compiled for this CPU (`-march=native`; `-mcpu=native` on
-ARM, where GCC and Apple's clang mean something else by `-march`), or for the level ROSELLM_CPU_FEATURES
-names (platforms/cpu_features.py), and the cache key holds the level, the flags and the CPU's flags: a cache shared by
-machines or levels that differ never hands one's code to the other. Where no compiler works, or at level
-"nocc", `load` returns None and the caller keeps its PyTorch path.
+needs no other tool: its source ships beside this file (or beside the module that uses it, which names its
+folder), is compiled once per machine and per set of constants into rosellm's cache, and is loaded with
+ctypes. The constants are the model's shapes (the compiler unrolls the loops over them). The code is compiled
+for this CPU (`-march=native`; `-mcpu=native` on ARM, where GCC and Apple's clang mean something else by
+`-march`), or for the level ROSELLM_CPU_FEATURES names (platforms/cpu_features.py), and the cache key holds the
+level, the flags and the CPU's flags: a cache shared by machines or levels that differ never hands one's code to
+the other. Where no compiler works, or at level "nocc", `load` returns None and the caller keeps its PyTorch
+path.
 
 A build's outcome, a library or a failure, is kept for the process per kernel, constants, compiler ($CC),
 level and cache folder: a failed build is not tried again on every step, and setting another compiler, level
@@ -37,7 +38,7 @@ from ...platforms import cpu_features
 X86_LEVEL_FLAGS = {
     "avx2": ("-mavx2", "-mfma"),
     "avx512": ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"),
-    "avx512_bf16": ("-mavx512bf16",),
+    "avx512_bf16": ("-mavx512bf16", "-mavx512vnni"),  # every CPU with AVX-512 BF16 has VNNI (int8 dot products)
     "amx": ("-mamx-tile", "-mamx-bf16", "-mamx-int8"),
 }
 MAX_AGE_DAYS = 30
@@ -118,19 +119,19 @@ def setting() -> tuple[str | None, ...]:
     return tuple(os.environ.get(name) for name in ("CC", cpu_features.VARIABLE, "ROSELLM_CACHE"))
 
 
-def load(name: str, **defines: str | int) -> ctypes.CDLL | None:
-    """`name`.c of this package compiled with `defines` (-DKEY=VALUE), loaded; None where it cannot be (no
-    compiler, a compiler that fails, a cache that cannot be written). Built once per `setting()`."""
-    key = (name, tuple(sorted(defines.items())), setting())
+def load(name: str, folder: Path | None = None, **defines: str | int) -> ctypes.CDLL | None:
+    """`name`.c of `folder` (None: this file's) compiled with `defines` (-DKEY=VALUE), loaded; None where it
+    cannot be (no compiler, a compiler that fails, a cache that cannot be written). Built once per `setting()`."""
+    key = (name, folder, tuple(sorted(defines.items())), setting())
     with _building:
         if key not in _outcomes:
-            _outcomes[key] = library(name, defines)
+            _outcomes[key] = library(name, defines, folder)
         return _outcomes[key]
 
 
-def library(name: str, defines: dict) -> ctypes.CDLL | None:
+def library(name: str, defines: dict, folder: Path | None = None) -> ctypes.CDLL | None:
     """`load` without keeping the outcome: the library from the cache folder, or built into it."""
-    cc, source = compiler(), Path(__file__).with_name(f"{name}.c")
+    cc, source = compiler(), (folder or Path(__file__).parent) / f"{name}.c"
     if cc is None:
         return None
     level, masked = cpu_features.level(), cpu_features.masked()
