@@ -20,3 +20,9 @@ def logits_tolerance(checkpoint) -> dict:
     if "compiled" in checkpoint.__capabilities__:
         return {"atol": 2e-4, "rtol": 2e-5}
     return {"atol": 1e-4, "rtol": 0.0}
+
+
+def exact_fp32_products(checkpoint) -> dict:
+    """From chapter 18 on, quantized layers on fp32 compute multiply their dequantized weights exactly, as
+    before, instead of quantizing few rows' activations to 8 bits for integer dot products."""
+    return {"int8_activations": False} if "integer_dot" in checkpoint.__capabilities__ else {}

@@ -14,6 +14,7 @@ import torch
 from chapters import submodule
 from tests.ch09_prefix_caching.engine_runs import run
 from tests.ch11_cpu_performance.test_fast_path import REFERENCE, REQUESTS, SHARED, engine, prompt
+from tests.engine_options import exact_fp32_products
 from tests.oracle import hf_greedy, hf_logits
 
 pytestmark = [pytest.mark.requires("quantization"), pytest.mark.cpu_features]
@@ -43,7 +44,7 @@ def test_packed_compiled_equals_reference_eager(checkpoint, ql, tiny_model_dirs,
             return checkpoint.SamplingParams(temperature=1.0, seed=index, n=2, max_tokens=max_tokens, ignore_eos=True)
         return checkpoint.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
-    options = {"quantization": quantization, "dtype": "float32"}
+    options = {"quantization": quantization, "dtype": "float32"} | exact_fp32_products(checkpoint)
     fast = run(engine(checkpoint, tiny_model_dirs["gqa"], 16, 8, options), REQUESTS, params)
     reference = run(engine(checkpoint, tiny_model_dirs["gqa"], 16, 8, options | REFERENCE), REQUESTS, params)
     assert fast.tokens == reference.tokens
@@ -75,7 +76,8 @@ def dequantized_twin(hf_model, model):
 def test_dense_fp32_equals_transformers_on_the_dequantized_weights(
     checkpoint, tiny_model_dirs, tiny_hf_models, quantization, name
 ):
-    llm = checkpoint.LLM(str(tiny_model_dirs[name]), dtype="float32", quantization=quantization)
+    exact = exact_fp32_products(checkpoint)
+    llm = checkpoint.LLM(str(tiny_model_dirs[name]), dtype="float32", quantization=quantization, **exact)
     twin = dequantized_twin(tiny_hf_models[name], llm.model)
     ids = SHARED + prompt(5, 30)
     torch.testing.assert_close(llm.prompt_logits(ids), hf_logits(twin, ids), atol=2e-4, rtol=2e-5)
@@ -93,7 +95,8 @@ BF16_TINY = dict(atol=5e-2, rtol=2e-2)
 def test_bf16_logits_within_tolerance_of_fp32(checkpoint, tiny_model_dirs, quantization):
     path = str(tiny_model_dirs["gqa"])
     bf16 = checkpoint.LLM(path, quantization=quantization, dtype="bfloat16", enforce_eager=True)
-    fp32 = checkpoint.LLM(path, quantization=quantization, dtype="float32", enforce_eager=True)
+    exact = exact_fp32_products(checkpoint)
+    fp32 = checkpoint.LLM(path, quantization=quantization, dtype="float32", enforce_eager=True, **exact)
     assert bf16.model.dtype == torch.bfloat16 and bf16.llm_engine.model_runner.kv_pool.keys.dtype == torch.bfloat16
     ids = SHARED + prompt(5, 30)
     torch.testing.assert_close(bf16.prompt_logits(ids), fp32.prompt_logits(ids), **BF16_TINY)
@@ -114,11 +117,12 @@ def gguf_fp32_llms() -> dict:
 
 
 def smollm2_fp32(checkpoint, quantization: str, gguf_llms: dict):
-    """SmolLM2 quantized, fp32 compute, eager; the gguf one from (or into) `gguf_llms`."""
+    """SmolLM2 quantized, fp32 compute (exact products), eager; the gguf one from (or into) `gguf_llms`."""
+    options = {"dtype": "float32", "enforce_eager": True} | exact_fp32_products(checkpoint)
     if quantization != "gguf":
-        return checkpoint.LLM(quantization=quantization, dtype="float32", enforce_eager=True)
+        return checkpoint.LLM(quantization=quantization, **options)
     if checkpoint.__name__ not in gguf_llms:
-        gguf_llms[checkpoint.__name__] = checkpoint.LLM(quantization="gguf", dtype="float32", enforce_eager=True)
+        gguf_llms[checkpoint.__name__] = checkpoint.LLM(quantization="gguf", **options)
     return gguf_llms[checkpoint.__name__]
 
 

@@ -216,20 +216,20 @@ class QuantizedLinear(nn.Module):
     """What `Int4Linear` and `Int8Linear` share: `matmul` on their own kernels, or their weight held in the
     integer kernel's layout too (`use_integer_dot`) and the integer dot products."""
 
-    def register_integer_dot(self) -> None:
-        """No integer-dot copy yet (`use_integer_dot` makes it)."""
-        for name in ("dot_codes", "dot_scales", "dot_minimums"):
-            self.register_buffer(name, None)
+    uses_integer_dot = False  # whether `use_integer_dot` gave it the integer kernel's copy
 
     def use_integer_dot(self) -> None:
-        """Hold the weight in `integer_dot.dot_weight`'s layout (0.5 or 1 byte a weight, scales shared where
-        they can be): fp32 activations with few rows then run on integer dot products."""
+        """Hold the weight in `integer_dot.dot_weight`'s layout too (buffers dot_codes, dot_scales and
+        dot_minimums: 0.5 or 1 byte a weight, scales shared where they can be): fp32 activations with few rows
+        then run on integer dot products."""
         codes, scales, minimums = integer_dot.dot_weight(*self.integer_dot_source())
-        self.dot_codes, self.dot_scales, self.dot_minimums = codes, scales, minimums
+        for name, tensor in (("dot_codes", codes), ("dot_scales", scales), ("dot_minimums", minimums)):
+            self.register_buffer(name, tensor)
+        self.uses_integer_dot = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
-        if self.dot_codes is None:
+        if not self.uses_integer_dot:
             out = self.matmul(x2d)
         else:
             weights = (self.dot_codes, self.dot_scales, self.dot_minimums, self.dense, self.bias)
@@ -277,7 +277,6 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer("packed", packed)
         self.register_buffer("scale_and_zero", scale_and_zero)  # [in / 32, out, 2] in the compute dtype
         self.register_buffer("dense", weight.dequantize().to(dtype))  # [out, in] in the compute dtype
-        self.register_integer_dot()
 
     def dequantize(self) -> torch.Tensor:
         """The exact fp32 weight [out, in]."""
@@ -330,7 +329,6 @@ class Int8Linear(QuantizedLinear):
             packed, scale_and_zero = self.pack_halves(dtype) if packs else (None, None)
             self.register_buffer("packed", packed)
             self.register_buffer("scale_and_zero", scale_and_zero)  # [2 * in / 32, out, 2]
-        self.register_integer_dot()
 
     def pack_halves(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The codes as [high | low] halves [out, 2 * in] for the int4 kernel, with their scales and zeros."""
