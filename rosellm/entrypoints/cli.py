@@ -142,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
             "bf16, else float32 (bfloat16 on CUDA)",
         )
         p.add_argument(
+            "--no-int8-activations",
+            action="store_true",
+            help="with --quantization on float32 compute, multiply the dequantized weights exactly instead of "
+            "8-bit activations in integer dot products at few rows (from chapter 18)",
+        )
+        p.add_argument(
             "--speculative-config",
             type=speculative_config,
             default=None,
@@ -268,6 +274,11 @@ def engine_package(args):
         raise BadOption(
             f"--quantization, --dtype: chapter {chosen.number:02d} has neither (quantization arrives in chapter 13)"
         )
+    if args.no_int8_activations and "integer_dot" not in chosen.capabilities:
+        raise BadOption(
+            f"--no-int8-activations: chapter {chosen.number:02d} multiplies exactly (integer dot products arrive "
+            "in chapter 18)"
+        )
     if args.speculative_config is not None and "speculative_decoding" not in chosen.capabilities:
         raise BadOption(
             f"--speculative-config: chapter {chosen.number:02d} has no speculative decoding (it arrives in chapter 14)"
@@ -293,6 +304,8 @@ def engine_options(args) -> dict:
         options["quantization"] = args.quantization
     if args.dtype != "auto":
         options["dtype"] = args.dtype
+    if args.no_int8_activations:
+        options["int8_activations"] = False
     if args.speculative_config is not None:
         options["speculative_config"] = args.speculative_config
     return options

@@ -62,7 +62,7 @@ def dot_weight(codes, scales, minimums, offset: int, bits: int, group: int):
     if bits == 8:
         return codes.contiguous(), scales, None
     minimums = torch.zeros_like(scales) if minimums is None else minimums
-    return pack_q4_blocks(codes), scales, (minimums - offset * scales).contiguous()
+    return pack_q4_blocks(codes), scales, minimums - offset * scales if offset else minimums
 
 
 def block_terms(x_codes, x_scales, x_sums, codes, scales, minimums) -> torch.Tensor:

@@ -23,7 +23,7 @@ On fp32 activations with few rows (up to INTEGER_DOT_ROWS), a layer prepared by 
 engine's `int8_activations`, on by default) multiplies its codes instead: the activations are quantized to
 8 bits per block of 32 and meet the codes in integer dot products (integer_dot.py, llama.cpp's way), in a C
 kernel built per CPU level; outputs move by what 8-bit activations round (integer_dot.py bounds it). Where no C
-kernel can be built, or turned off for fp32's exact product, the dense copy serves as before.
+kernel can be built, or with `int8_activations` off (fp32's exact products), the dense copy serves as before.
 
 The choice is Python, made per call. A graph whose row count is a symbol (any number of tokens) keeps it for
 run time inside a custom operator (`OPERATORS`), which Inductor calls back into Python. Where
