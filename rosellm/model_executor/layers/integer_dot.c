@@ -12,14 +12,15 @@
  * code j + 16 (high): masking gives codes 0..15 and shifting codes 16..31, each in the order of the activation
  * codes. An 8-bit block is its 32 codes. Scales and minimums are fp32 arrays [out, in / 32].
  *
- * One path per CPU level, chosen by the compiler's own macros (the level's flags set them):
- *   AVX-512 VNNI (+VL)  _mm256_dpbusd_epi32: 32 products u8 x s8 summed by fours into int32, in one instruction
- *   AVX2                _mm256_maddubs_epi16 (pairs into int16) then _mm256_madd_epi16 (pairs into int32).
- *                       A pair of 4-bit codes x 127 never saturates int16; 8-bit codes do (2 x 128 x 127 fits,
- *                       but u8 needs unsigned), so 8-bit blocks use |c| and sign(c) * q, as llama.cpp does
+ * The products multiply unsigned bytes by signed ones (as the instructions do): a 4-bit code is unsigned
+ * already; an 8-bit code c is not, so |c| meets sign(c) * q instead, as in llama.cpp (q is never -128, so
+ * its sign can move). One path per CPU level, chosen by the compiler's own macros (the level's flags set them):
+ *   AVX-512 VNNI (+VL)  _mm256_dpbusd_epi32: 32 products summed by fours into int32, in one instruction
+ *   AVX2                _mm256_maddubs_epi16 (pairs into int16, saturating: 2 x 128 x 127 = 32512 still fits)
+ *                       then _mm256_madd_epi16 (pairs of those into int32)
  *   plain C             the sums in int32, one code at a time
- * OpenMP shares the output rows between `threads` threads; each reads its weight rows once for every
- * activation row.
+ * OpenMP shares tiles of 4 outputs between `threads` threads; a tile reads each weight block once for up to 4
+ * activation rows.
  */
 #include <math.h>
 #include <stddef.h>
