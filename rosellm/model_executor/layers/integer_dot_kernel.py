@@ -42,7 +42,7 @@ def quantize_q8_1(x: torch.Tensor, library: ctypes.CDLL) -> tuple[torch.Tensor, 
     """x [rows, in] fp32 -> codes [rows, in] int8, scales and sums [rows, in / 32] fp32 (as
     `integer_dot.quantize_q8_1`). Made once per input, they serve every weight that input meets."""
     check_inputs(x.shape[-1])
-    x = x.contiguous()
+    x = x.to(torch.float32).contiguous()  # the kernel reads fp32 rows one after the other
     rows, in_features = x.shape
     codes = torch.empty(rows, in_features, dtype=torch.int8)
     scales = torch.empty(rows, in_features // BLOCK)

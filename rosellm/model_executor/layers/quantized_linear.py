@@ -56,7 +56,8 @@ PACKED_DTYPES = (torch.bfloat16,)  # activations on which the packed kernels pay
 # 16 rows: SmolLM2's 3072x576 gate-up on 4 bits 0.18 / 0.14 / 0.23 / 0.65 / 1.35, dense fp32 0.38 / 0.31 /
 # 0.59 / 0.89 / 1.05; 576x1536 down 0.06 / 0.10 / 0.12 / 0.26 / 0.41 against 0.17 / 0.16 / 0.27 / 0.38 / 0.46;
 # the 49152x576 LM head on 8 bits 2.1 / 2.9 / 4.7 / 9.2 / 16.2 against 7.6 / 7.9 / 16.5 / 26.2 / 19.3. The
-# integer products win up to 8 rows (the dense copy, read from cache here, only gains in a whole model).
+# integer products win up to 8 rows, though the dense copy of a small layer was read from cache here (in a
+# whole model it comes from memory, and loses by more).
 INTEGER_DOT_ROWS = 8
 
 
