@@ -5,6 +5,7 @@ graph, or with any number of rows in a graph; and `int8_activations=False` keeps
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 from tests.ch18_cpu_kernels.formats import FORMATS, layers, quantized_weight, rounding_bound
 
@@ -84,12 +85,14 @@ def test_the_engine_option_prepares_every_quantized_layer_or_none(checkpoint, ti
     prompts = [[5, 9, 14, 3, 7, 22, 8, 1, 30, 2], [4, 4, 6]]
     tokens = {}
     for on in (True, False):
-        llm = checkpoint.LLM(path, quantization="int4", dtype="float32", int8_activations=on)
+        counters.clear()
+        llm = checkpoint.LLM(path, quantization="int4", dtype="float32", int8_activations=on)  # compiled
         quantized = [m for m in llm.model.modules() if isinstance(m, ql.QuantizedLinear)]
         assert quantized and all(m.uses_integer_dot == on for m in quantized)
         calls.clear()
         tokens[on] = [out.token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
         assert bool(calls) == on and all(rows <= ql.INTEGER_DOT_ROWS for rows in calls)
+        assert not counters["graph_break"]  # the kernel runs inside the compiled step, as an operator
     assert tokens[True] == tokens[False]  # a tiny random model's greedy tokens are far from ties
     with pytest.raises(ValueError, match="int8_activations must be True or False"):
         checkpoint.EngineConfig(int8_activations="yes")
