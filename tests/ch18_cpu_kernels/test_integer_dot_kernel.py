@@ -38,7 +38,7 @@ def check_kernel(checkpoint, kind, rows, out_features, in_features, with_bias) -
 
 
 @pytest.mark.parametrize("kind", FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 16])
 @pytest.mark.parametrize("out_features, in_features", [(4, 32), (37, 96), (130, 576)])  # 37, 130: a last tile
 def test_kernel_equals_its_tensor_algebra(checkpoint, kind, rows, out_features, in_features):
     assert layers(checkpoint)[3].kernel() is not None

@@ -52,13 +52,12 @@ SMALL_BATCH_ROWS = 8
 HALVES_ROWS = 4
 PACKED_DTYPES = (torch.bfloat16,)  # activations on which the packed kernels pay
 # Most rows for which 8-bit activations and integer dot products (integer_dot.c, AVX-512 VNNI) beat the dense
-# fp32 copy. Measured on the same CPU, one thread, the machine busy (load 2.6 on 2 cores), ms at 1 / 2 / 4 / 8 /
-# 16 rows: SmolLM2's 3072x576 gate-up on 4 bits 0.18 / 0.14 / 0.23 / 0.65 / 1.35, dense fp32 0.38 / 0.31 /
-# 0.59 / 0.89 / 1.05; 576x1536 down 0.06 / 0.10 / 0.12 / 0.26 / 0.41 against 0.17 / 0.16 / 0.27 / 0.38 / 0.46;
-# the 49152x576 LM head on 8 bits 2.1 / 2.9 / 4.7 / 9.2 / 16.2 against 7.6 / 7.9 / 16.5 / 26.2 / 19.3. The
-# integer products win up to 8 rows, though the dense copy of a small layer was read from cache here (in a
-# whole model it comes from memory, and loses by more).
-INTEGER_DOT_ROWS = 8
+# fp32 copy. Measured on the same CPU, one thread, ms at 1 / 2 / 4 / 8 / 16 rows: SmolLM2's 3072x576 gate-up
+# on 4 bits 0.10 / 0.14 / 0.22 / 0.43 / 0.84, dense fp32 0.26 / 0.26 / 0.51 / 0.76 / 0.86; 576x1536 down 0.05
+# / 0.07 / 0.11 / 0.22 / 0.40 against 0.13 / 0.13 / 0.24 / 0.36 / 0.47; the 49152x576 LM head on 8 bits 2.3 /
+# 3.1 / 5.6 / 9.1 / 16.8 against 7.8 / 9.0 / 17.3 / 26.1 / 19.5. The integer products win up to 16 rows (at 16
+# the gate-up ties, though its dense copy was read from cache here: in a whole model it comes from memory).
+INTEGER_DOT_ROWS = 16
 
 
 @dataclass(frozen=True)
