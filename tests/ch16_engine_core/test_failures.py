@@ -1,5 +1,6 @@
-"""When a process goes: an engine core killed mid-stream ends every client's stream with an error within a second,
-and from then on `/health` and new requests answer 503, even with clients adding and aborting requests at the
+"""When a process goes: an engine core killed mid-stream ends every client's stream with an error within seconds
+(well under one on an idle machine; the bounds leave room for a busy one, far below a frozen loop's timeout), and
+from then on `/health` and new requests answer 503, even with clients adding and aborting requests at the
 instant it dies, and with another core that no longer answers; a core that stops reading never freezes the
 front end. A server killed outright takes its engine core with it; Ctrl-C stops both. A client that disconnects
 still aborts its request in the core. No process is left behind (checked from /proc)."""
