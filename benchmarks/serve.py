@@ -32,8 +32,11 @@ engine-core process) and `dp2` (two engine cores, which share the threads betwee
 same threads, schedule and client. With any of the latest forms, the latest `LLMEngine` first runs one request
 offline in a process of its own (a prompt of the middle length, the longest `max_tokens`, greedy, after a
 warm-up request): its time per output token after the first is the decode step a server's TPOT is set
-against (`offline_step_ms`; each row's `tpot_over_offline_step`). Without `--json` and `--figure`, such a run
-writes results/serve_ch16.json and figures/ch16_serve.png, whose figure is the inter-token latency per server.
+against (`offline_step_ms`; each row's `tpot_over_offline_step`); then 2 and 4 such requests together, the
+step of the rows that overlapping requests decode together (`offline_steps_ms`). Every server, before the
+rates, also serves a few requests one after another, none overlapping (`tpot_alone_ms`): set against the
+offline step, what the server itself adds to each token. Without `--json` and `--figure`, such a run writes
+results/serve_ch16.json and figures/ch16_serve.png, whose figure is the inter-token latency per server.
 
     python -m benchmarks serve [--rosellm ch10,in-process,split,dp2] [--peers vllm] [--rates 0.5,1,2] [--quick]
 """
@@ -69,8 +72,9 @@ FORMS = {
 }
 
 FULL = {"rates": [0.25, 0.5, 1.0, 2.0], "requests": 32, "prompt_len": [32, 256], "max_tokens": [16, 64], "seed": 0}
-FULL |= {"ttft_slo_s": 2.0, "tpot_slo_s": 0.2, "max_num_seqs": 32, "warmup": 2}
-QUICK = {"rates": [4.0, 16.0], "requests": 6, "prompt_len": [8, 24], "max_tokens": [3, 8], "warmup": 1}
+FULL |= {"ttft_slo_s": 2.0, "tpot_slo_s": 0.2, "max_num_seqs": 32, "warmup": 2, "alone": 4, "offline_rows": [1, 2, 4]}
+QUICK = {"rates": [4.0, 16.0], "requests": 6, "prompt_len": [8, 24], "max_tokens": [3, 8], "warmup": 1, "alone": 1}
+QUICK |= {"offline_rows": [1]}
 
 MODEL_NAME = "bench"  # the name both servers serve the model under
 STEP_TOKENS = 2048  # rosellm's step budget with chunked prefill (its server's default), given to vLLM too
@@ -241,23 +245,23 @@ def rosellm_server(args, s: dict, form: str, longest: int, log_dir: Path) -> tup
     return Server(name, argv, env, port, log_dir), info
 
 
-def offline_step(args, s: dict, vocab: int, longest: int) -> dict:
-    """The latest `LLMEngine`'s decode step at batch 1, offline, in a process of its own with the servers' threads
-    and options: one request (a prompt of the middle length, the longest `max_tokens`) after a warm-up one;
-    the time per output token after the first."""
+def offline_step(args, s: dict, vocab: int, longest: int, rows: int = 1) -> dict:
+    """The latest `LLMEngine`'s decode step of `rows` rows, offline, in a process of its own with the servers'
+    threads and options: `rows` requests together (prompts of the middle length, the longest `max_tokens`) after
+    a warm-up one; the median over them of the time per output token after the first."""
     prompt_len, tokens = sum(s["prompt_len"]) // 2, s["max_tokens"][1]
-    request = harness.random_requests(1, [prompt_len] * 2, [tokens] * 2, vocab, s["seed"] + 2)
+    request = harness.random_requests(rows, [prompt_len] * 2, [tokens] * 2, vocab, s["seed"] + 2)
     warmup = harness.random_requests(1, [prompt_len] * 2, [tokens] * 2, vocab, s["seed"] + 3)
     options = dict(max_num_seqs=s["max_num_seqs"], max_model_len=max(longest, prompt_len + tokens) + 1)
     spec = dict(model=args.model, threads=args.threads, requests=request, warmup=warmup, engine_options=options)
     argv = [sys.executable, "-m", "benchmarks.engines", "rosellm"]
-    label = f"{harness.rosellm_label(chapters.latest(), short=True)} offline, one request"
+    label = f"{harness.rosellm_label(chapters.latest(), short=True)} offline, {rows} request(s) together"
     done = harness.run_process(argv, spec, label, rosellm_environment(args))
-    out = dict(prompt_len=prompt_len, max_tokens=tokens, engine_options=options)
+    out = dict(rows=rows, prompt_len=prompt_len, max_tokens=tokens, engine_options=options)
     if "error" in done:
         return out | {"error": done["error"], "ms": None}
-    first, last = done["first_token_s"][0], done["last_token_s"][0]
-    ms = 1000 * (last - first) / (len(done["tokens"][0]) - 1)
+    times = zip(done["first_token_s"], done["last_token_s"], done["tokens"])
+    ms = harness.percentile([1000 * (last - first) / (len(ids) - 1) for first, last, ids in times], 50)
     return out | dict(
         ms=round(ms, 3), load_s=done["load_s"], other_processes_cpu_share=done["other_processes_cpu_share"]
     )
@@ -378,19 +382,24 @@ def summarize(done: list[dict], rate: float, s: dict) -> dict:
     return row | ({"errors": errors[:5]} if errors else {}) | {"request_details": details, "texts": texts}
 
 
-def serve_schedule(server: Server, info: dict, work: list, warmup: list, s: dict) -> list[dict]:
-    """Warm the server up (requests one at a time), then each rate's schedule; a row per rate."""
+def serve_schedule(server: Server, info: dict, work: list, warmup: list, alone: list, s: dict) -> tuple[dict, list]:
+    """Warm the server up (requests one at a time), time `alone` one after another, then each rate's schedule:
+    the median TPOT alone, and a row per rate."""
     rows = []
     warm = asyncio.run(send_all(server.url, warmup, [4.0 * i for i in range(len(warmup))]))
     if any(r["error"] for r in warm):
         raise ServerError(f"{server.name}'s warm-up failed: {sorted({r['error'] for r in warm if r['error']})}")
+    print(f"{server.name}: {len(alone)} requests one after another", flush=True)
+    served = summarize([asyncio.run(send_all(server.url, [request], [0.0]))[0] for request in alone], 0.0, s)
+    tpot = served["tpot_s"]["p50"]
+    by_itself = {"tpot_alone_ms": tpot and round(1000 * tpot, 3), "alone_failed": served["failed"]}
     for rate, requests, arrivals in work:
         print(f"{server.name}: {len(requests)} requests at {rate:g}/s", flush=True)
         before = engine_steps(server)
         done = asyncio.run(send_all(server.url, requests, arrivals))
         row = {"server": server.name, "label": info["label"]} | summarize(done, rate, s)
         rows.append(row | mean_step(before, engine_steps(server)))
-    return rows
+    return by_itself, rows
 
 
 def engine_steps(server: Server) -> tuple[float, float] | None:
@@ -419,15 +428,19 @@ def measure(args, s: dict, forms: list[str], chosen: list) -> dict:
     vocab = harness.model_config(args.model).vocab_size
     work = schedules(s, vocab)
     warmup = harness.random_requests(s["warmup"], [8, 16], [4, 4], vocab, s["seed"] + 1)
-    longest = max(len(p) + m for _, requests, _ in work for p, m in requests + warmup)
-    step = offline_step(args, s, vocab, longest) if forms != ["ch10"] else None
+    alone = harness.random_requests(
+        s["alone"], [sum(s["prompt_len"]) // 2] * 2, [s["max_tokens"][1]] * 2, vocab, s["seed"] + 4
+    )
+    longest = max(len(p) + m for _, requests, _ in work for p, m in requests + warmup + alone)
+    steps = [offline_step(args, s, vocab, longest, rows) for rows in s["offline_rows"]] if forms != ["ch10"] else []
+    step = steps[0] if steps else None
     servers, runs = [], []
     with tempfile.TemporaryDirectory(prefix="rosellm-serve-") as tmp:
         # each server is made (its port picked) only when the one before it has stopped
         makers = [functools.partial(rosellm_server, args, s, form, longest, Path(tmp)) for form in forms]
         makers += [functools.partial(vllm_server, args, s, peer, longest, Path(tmp)) for peer in chosen]
         for make in makers:
-            servers.append(measure_server(*make(), work, warmup, s, runs))
+            servers.append(measure_server(*make(), work, warmup, alone, s, runs))
     agreement = same_texts(runs)
     ours = {FORMS[form][0] for form in forms}
     correct = all(
@@ -443,6 +456,10 @@ def measure(args, s: dict, forms: list[str], chosen: list) -> dict:
                 step["ms"] and r["tpot_s"]["p50"] and round(1000 * r["tpot_s"]["p50"] / step["ms"], 3)
             )
         out |= {"offline_step_ms": step["ms"], "offline_step": step}
+        out |= {"offline_steps_ms": {str(one["rows"]): one["ms"] for one in steps}}
+        for server in servers:
+            alone_ms = server.get("tpot_alone_ms")
+            server["alone_over_offline_step"] = alone_ms and step["ms"] and round(alone_ms / step["ms"], 3)
     return out | dict(agreement=agreement, notes=NOTES, correct=correct)
 
 
@@ -461,7 +478,7 @@ def same_texts(runs: list[dict]) -> dict:
     return out
 
 
-def measure_server(server: Server, info: dict, work: list, warmup: list, s: dict, runs: list) -> dict:
+def measure_server(server: Server, info: dict, work: list, warmup: list, alone: list, s: dict, runs: list) -> dict:
     """Start the server, run every rate's schedule (rows appended to `runs`), stop it; what it was and did."""
     print(f"--- {info['label']}: starting its server on port {server.port}", flush=True)
     record = {"server": server.name} | info
@@ -471,7 +488,9 @@ def measure_server(server: Server, info: dict, work: list, warmup: list, s: dict
             record |= dict(pid=server.process.pid, load_s=server.load_s)
             if not server.name.startswith("rosellm"):
                 record["version"] = server_version(server)
-            runs += serve_schedule(server, info, work, warmup, s)
+            by_itself, rows = serve_schedule(server, info, work, warmup, alone, s)
+            record |= by_itself
+            runs += rows
     except ServerError as error:
         record["error"] = str(error)
         print(f"{server.name}: {error}", file=sys.stderr, flush=True)
@@ -514,9 +533,17 @@ def report(result: dict) -> None:
     if step:
         ms = "failed: " + step["error"] if step.get("error") else f"{step['ms']:.1f} ms"
         print(f"offline decode step, batch 1 ({step['prompt_len']}-token prompt, {step['max_tokens']} tokens): {ms}")
+        steps = ", ".join(f"{rows} rows {ms} ms" for rows, ms in result["offline_steps_ms"].items())
+        print(f"offline decode steps: {steps}")
     for server in result["servers"]:
         if "error" in server:
             print(f"{server['server']}: {server['error']}")
+        elif server.get("tpot_alone_ms"):
+            ratio = server.get("alone_over_offline_step")
+            print(
+                f"{server['server']}: TPOT p50 of requests one after another {server['tpot_alone_ms']:.1f} ms"
+                + (f" ({ratio:.2f}x the offline step)" if ratio else "")
+            )
     for pair, rates in result["agreement"].items():
         same = ", ".join(f"{r['identical']}/{r['requests']} at {r['rate']:g}/s" for r in rates)
         print(f"{pair}: identical greedy texts {same}")

@@ -450,12 +450,38 @@ def block_serve(results: Path, name: str) -> str:
     return (
         table(headings, rows)
         + "\n"
+        + serve_breakdown(result)
         + f"{s['requests']} requests per rate arriving as a Poisson process, prompts of {low}–{high} random tokens, "
         f"{fewest}–{most} output tokens each (greedy, EOS ignored), streamed over HTTP to one asyncio client on "
         f"the same machine; {model}{served}. TTFT: from sending to the first chunk; TPOT: the time per output "
         f"token after the first; ITL: the gap between two chunks; goodput: the share of requests with TTFT ≤ "
         f"{s['ttft_slo_s']:g} s and TPOT ≤ {1000 * s['tpot_slo_s']:.0f} ms.{offline}{same}\n\n"
         + server_load_lines(result)
+    )
+
+
+def serve_breakdown(result: dict) -> str:
+    """Where a token's time goes, where the run measured it: the offline step at 1, 2, 4 rows decoding together,
+    and each server's TPOT for requests sent one after another (nothing overlapping), set against the step."""
+    steps, alone = result.get("offline_steps_ms"), [x for x in result["servers"] if x.get("tpot_alone_ms")]
+    if not steps or not alone:
+        return ""
+    rows = [
+        [
+            x["label"],
+            f"{x['tpot_alone_ms']:.1f}",
+            "–" if not x.get("alone_over_offline_step") else f"{x['alone_over_offline_step']:.2f}×",
+        ]
+        for x in alone
+    ]
+    headings = ["server", "TPOT p50, requests one after another (ms)", "/ offline step"]
+    together = " / ".join(f"{ms:.1f}" for ms in steps.values())
+    return (
+        table(headings, rows)
+        + f"\nOffline decode step of the same engine with {' / '.join(steps)} requests decoding together: "
+        f"**{together} ms**. A server's TPOT alone against the offline step is what the server adds to each "
+        "token by itself; its TPOT under arrivals against the steps of several rows is what overlapping "
+        "requests add.\n\n"
     )
 
 

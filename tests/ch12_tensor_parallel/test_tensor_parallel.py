@@ -99,6 +99,7 @@ def test_bytes_all_reduced_per_step(checkpoint, tiny_model_dirs):
 
 
 @pytest.mark.model
+@pytest.mark.latest_only  # three processes load SmolLM2; the ranks' code is carried unchanged (see above)
 def test_smollm2_on_3_ranks(checkpoint, smollm2_llm):
     """SmolLM2's 9 query and 3 KV heads split over 3 ranks (2 ranks cannot hold whole heads: a ValueError),
     against one process on the default path."""

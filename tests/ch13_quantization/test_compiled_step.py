@@ -91,14 +91,15 @@ def test_the_step_compiles_at_start_and_never_again(checkpoint, tiny_model_dirs,
 
 def test_profiler_sees_every_layers_attention(checkpoint, tiny_model_dirs):
     """The "rosellm.attention" label runs inside the compiled graph's attention operator, once per layer, and
-    the benchmarks' profile counts it as attention inside the forward (a step of more than one token: one
+    the benchmarks' profile counts it as attention inside the forward (a step with a prompt in it: one
     token's attention is traced into the graph)."""
     engine = checkpoint.LLMEngine(str(tiny_model_dirs["gqa"]))
-    for request_id in "ab":
-        engine.add_request(request_id, [5, 6, 7, 8], checkpoint.SamplingParams(temperature=0, max_tokens=3))
-    engine.step()  # the prompts
+    params = checkpoint.SamplingParams(temperature=0, max_tokens=3)
+    engine.add_request("a", [5, 6, 7, 8], params)
+    engine.step()  # a's prompt
+    engine.add_request("b", [9, 10, 11], params)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        engine.step()  # one decode step of two sequences
+        engine.step()  # a decodes, b's prompt
     labels = [event for event in prof.events() if event.name == "rosellm.attention"]
     assert len(labels) == engine.model.config.num_hidden_layers
     assert all(part_of(event) == "attention" for event in labels)

@@ -1,5 +1,6 @@
-"""When a process goes: an engine core killed mid-stream ends every client's stream with an error within a second,
-and from then on `/health` and new requests answer 503, even with clients adding and aborting requests at the
+"""When a process goes: an engine core killed mid-stream ends every client's stream with an error within seconds
+(well under one on an idle machine; the bounds leave room for a busy one, far below a frozen loop's timeout), and
+from then on `/health` and new requests answer 503, even with clients adding and aborting requests at the
 instant it dies, and with another core that no longer answers; a core that stops reading never freezes the
 front end. A server killed outright takes its engine core with it; Ctrl-C stops both. A client that disconnects
 still aborts its request in the core. No process is left behind (checked from /proc)."""
@@ -23,7 +24,9 @@ from tests.ch10_serving.conftest import MODEL_NAME, RunningServer, module_of, wa
 from tests.ch10_serving.test_serve_workload import process_group_members
 from tests.ch16_engine_core.test_async_llm import alive
 
-pytestmark = pytest.mark.requires("engine_core")
+# Each test starts engine-core processes. Later chapters carry the front end and the core unchanged (chapter 17
+# moved them into engine/): `make test` runs these on the latest checkpoint alone, `make test-all` on each.
+pytestmark = [pytest.mark.requires("engine_core"), pytest.mark.latest_only]
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 240, "ignore_eos": True, "stream": True}
