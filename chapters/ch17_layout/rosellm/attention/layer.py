@@ -11,7 +11,7 @@ Backends hold nothing between calls, so the operator finds them by name: `regist
 object cannot be a graph input, and an int would be guarded on and compiled for each value. The caller runs
 the forward inside `forward_context(metadata)` (vLLM's forward context), and the operator reads them there;
 the metadata's tensors come in as arguments. The first operator call of a forward without a plan makes it:
-a forward that never calls the operator (the one-token graph attends by itself) costs no plan.
+a forward that never calls the operator (a compiled step of decoding rows attends by itself) costs no plan.
 """
 
 from collections.abc import Iterator

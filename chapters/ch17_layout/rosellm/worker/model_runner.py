@@ -54,10 +54,10 @@ class ModelRunner:
         if not self.enforce_eager:
             self.warm_up()
 
-    # (new tokens, full blocks cached before them) of each row of a warm-up forward: one decoding sequence
-    # (the one-token graph, whose attention is traced into it), a prompt, and larger batches, so that the two
-    # graphs of the step (one token, more: see `mark_dynamic_sizes`) and the "cpu" backend's decode kernel
-    # for groups of 1 or more rows and table width 1 or more are compiled before the first request
+    # (new tokens, full blocks cached before them) of each row of a warm-up forward: one decoding sequence,
+    # a prompt, two decoding sequences (the decoding graphs attend inside themselves) and mixed batches, so
+    # that the three graphs of the step (see `mark_dynamic_sizes`) and the "cpu" backend's decode kernel for
+    # groups of 1 or more rows and table width 1 or more are compiled before the first request
     WARM_UP_BATCHES = (
         ((1, 0),),
         ((1, 1),),

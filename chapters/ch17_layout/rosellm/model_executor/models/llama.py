@@ -7,7 +7,8 @@ loaders concatenate the Hugging Face weights (`fuse_projections`, below).
 
 `compile_step()` hands the whole forward of `LlamaModel` (embedding, every layer, final norm) to
 `torch.compile` as one graph: attention, which reads the KV pool through block tables, is a custom operator
-in it (`attention/layer.py`) that runs its backend's Python outside the compiled code.
+in it (`attention/layer.py`) that runs its backend's Python outside the compiled code; a step whose every
+row decodes one token attends inside the graph instead (`Attention.attend_decoding_rows`).
 
 With tensor parallelism each process holds one rank's slice (fewer heads, a narrower MLP: its config says
 how many) and the two row-parallel projections, `o_proj` and `down_proj`, are followed by an all-reduce.
@@ -127,13 +128,15 @@ class Attention(nn.Module):
         v: torch.Tensor,
         metadata: AttentionMetadata,
         kv_pool: KVPool,
+        decoding: bool,
     ) -> torch.Tensor:
         """Store the new keys and values in this layer's caches, attend over them: -> [num_tokens, heads,
         head_dim]. One custom operator, run by the backend named in it (inside
-        `attention_layer.forward_context(metadata)`). A single new token traced by torch.compile, for a backend
-        that offers a `graph_decode`, is attended inside the graph instead (`attend_one_token`)."""
-        if torch.compiler.is_compiling() and q.shape[0] == 1 and self.backend.graph_decode is not None:
-            return self.attend_one_token(q, k, v, metadata, kv_pool)
+        `attention_layer.forward_context(metadata)`). A step whose every row decodes one token (`decoding`)
+        traced by torch.compile, for a backend that offers a `graph_decode`, is attended inside the graph
+        instead (`attend_decoding_rows`)."""
+        if torch.compiler.is_compiling() and decoding and self.backend.graph_decode is not None:
+            return self.attend_decoding_rows(q, k, v, metadata, kv_pool)
         return attention_layer.attention(
             q,
             k,
@@ -149,15 +152,17 @@ class Attention(nn.Module):
             self.backend.name,
         )
 
-    def attend_one_token(
+    def attend_decoding_rows(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool
     ) -> torch.Tensor:
-        """The step of one sequence decoding one token (batch 1), written as tensor algebra that the compiled
-        step takes whole: no operator call, no Python per layer. Stores the token's key and value at its slot
-        (slot -1, warm-up's "nowhere": the slot keeps what it held), then one query attends to the sequence.
-        q [1, heads, head_dim], k and v [1, kv_heads, head_dim] -> [1, heads, head_dim]."""
+        """A step of sequences that each decode one token, written as tensor algebra that the compiled step
+        takes whole: no operator call, no Python per layer. Stores each token's key and value at its slot
+        (slot -1, warm-up's "nowhere": the slot keeps what it held), then each query attends to its sequence.
+        q [rows, heads, head_dim], k and v [rows, kv_heads, head_dim] -> [rows, heads, head_dim]."""
         block_size = kv_pool.keys.shape[2]
-        slot = metadata.slot_mapping.clamp(min=0)  # [1]
+        for per_row in (metadata.block_tables, metadata.seq_lens):  # their batch stands for any size: it is q's
+            torch._check(per_row.shape[0] == q.shape[0])
+        slot = metadata.slot_mapping.clamp(min=0)  # [rows]
         index = (torch.full_like(slot, self.layer_index), slot // block_size, slot % block_size)
         store = (metadata.slot_mapping >= 0)[:, None, None]
         for pool, new in ((kv_pool.keys, k), (kv_pool.values, v)):
@@ -196,11 +201,12 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         metadata: AttentionMetadata,
         kv_pool: KVPool,
+        decoding: bool,
     ) -> torch.Tensor:
         """The residual stream x [num_tokens, hidden] -> the next x; the new keys and values go into this
-        layer's part of the pool."""
+        layer's part of the pool. `decoding`: every row of the step decodes one token."""
         q, k, v = self.self_attn.project(self.input_layernorm(x), cos, sin)
-        attended = self.self_attn.attend(q, k, v, metadata, kv_pool)
+        attended = self.self_attn.attend(q, k, v, metadata, kv_pool, decoding)
         x = x + all_reduce(self.self_attn.o_proj(attended.flatten(1)))
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -215,12 +221,14 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
-    def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool, decoding: bool
+    ) -> torch.Tensor:
         # input_ids: [num_tokens] (every sequence's new tokens, end to end) -> [num_tokens, hidden]
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(metadata.positions)
         for layer in self.layers:
-            x = layer(x, cos, sin, metadata, kv_pool)
+            x = layer(x, cos, sin, metadata, kv_pool, decoding)
         return self.norm(x)
 
 
@@ -241,8 +249,9 @@ class LlamaForCausalLM(nn.Module):
         through `metadata.block_tables`."""
         if self.compiled:
             mark_dynamic_sizes(input_ids, metadata, kv_pool)
+        decoding = metadata.max_query_len == 1  # a flag torch.compile guards on: a graph for each value
         with attention_layer.forward_context(metadata):
-            return self.model(input_ids, metadata, kv_pool)
+            return self.model(input_ids, metadata, kv_pool, decoding)
 
     def compile_step(self) -> None:
         """Compile `LlamaModel.forward` as one graph (its sizes that vary from step to step are symbolic,
@@ -270,9 +279,10 @@ class LlamaForCausalLM(nn.Module):
 
 def mark_dynamic_sizes(input_ids: torch.Tensor, metadata: AttentionMetadata, kv_pool: KVPool) -> None:
     """The sizes a compiled forward must not be specialized on. The token count is symbolic, but
-    torch.compile specializes a count of 1: one graph for one decoding sequence, one for more tokens. The
-    batch, the table width and the pool's blocks only reach the attention operator, so they are unbacked
-    symbols, which stand for any size, 1 included: one sequence or many share a graph."""
+    torch.compile specializes a count of 1; with the `decoding` flag that makes three graphs: one decoding
+    sequence, several (one token each, attended inside the graph), and any step with a prompt in it. The
+    batch, the table width and the pool's blocks are unbacked symbols, which stand for any size, 1 included:
+    one sequence or many share a graph."""
     for tensor in (input_ids, metadata.positions, metadata.slot_mapping):
         torch._dynamo.maybe_mark_dynamic(tensor, 0)
     for tensor, dims in (
