@@ -64,7 +64,9 @@ def at_batch_1(body: dict, s: dict, model: str | None) -> dict:
     for e in body["engines"]:
         e["label"] = labels.get(e["engine"], e["label"])
     for e in rows:
-        form = variants.read_format(e["weights"], e["compute_dtype"]) if "compute_dtype" in e else e["weights"]
+        form = e["weights"]
+        if "compute_dtype" in e:  # rosellm's rows
+            form = variants.read_format(form, e["compute_dtype"], "integer_dot" in point.capabilities)
         e["weight_bytes_per_token"] = variants.bytes_per_token(form, c, gguf_file(model))
         e["weight_mb_per_token"] = round(e["weight_bytes_per_token"] / 1e6, 1)
         e["bandwidth_roofline_tokens_per_s"] = round(bandwidth / e["weight_bytes_per_token"], 2)

@@ -59,7 +59,7 @@ def measure(args, s: dict) -> dict:
     point, config = chapters.checkpoint(CHAPTER), harness.model_config(args.model)
     chosen = variants.chosen(s["variants"], point)
     if not str(args.model or ".gguf").endswith(".gguf"):  # a Hugging Face folder has no GGUF tensors to keep
-        chosen = [v for v in chosen if v.name != "gguf"]
+        chosen = [v for v in chosen if not v.name.startswith("gguf")]
     windows = text_windows(args.model, s["tokens"], s["window"])
     requests = harness.random_requests(s["requests"], s["prompt_len"], s["max_tokens"], config.vocab_size, s["seed"])
     longest = max([s["window"]] + [len(p) + m for p, m in requests])

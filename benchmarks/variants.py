@@ -5,6 +5,8 @@
     int8   weight-only int8, a scale per output channel (`quantization="int8"`)
     int4   weight-only int4 in groups of 32, a scale and a minimum per group (`quantization="int4"`)
     gguf   the GGUF file's own tensors as they are: Q4_1 projections, Q8_0 LM head (`quantization="gguf"`)
+    gguf-fp32  the same tensors with fp32 activations (`dtype="float32"`): from chapter 18, 8-bit activations
+           and integer dot products at batch 1 on every CPU, where "auto" picks bf16 on a CPU with native bf16
 
 `BYTES` says how each format's bytes of weights per token are counted.
 """
@@ -30,6 +32,7 @@ VARIANTS = {
     "int8": Variant("int8", "int8 weights (per channel)", None, "int8"),
     "int4": Variant("int4", "int4 weights (groups of 32)", None, "int4"),
     "gguf": Variant("gguf", "GGUF Q4_1 tensors as they are", None, "gguf"),
+    "gguf-fp32": Variant("gguf-fp32", "GGUF Q4_1 tensors, fp32 activations", "float32", "gguf"),
 }
 BYTES = (
     "bytes of weights read per token at batch 1: every weight of the decoder layers and of the LM head once (the "
@@ -37,7 +40,8 @@ BYTES = (
     "byte plus a bf16 scale per output channel; int4 half a byte plus a bf16 scale and minimum per group of 32; a "
     "GGUF's tensors (rosellm's gguf rows, llama.cpp's Q4_1 row) their size in the file; norms in fp32 (bf16 in "
     "bf16). rosellm's quantized layers run their packed kernels only with bf16 activations: with fp32 compute they "
-    "multiply a dense fp32 copy of their weights, and read 4 bytes a weight."
+    "multiply a dense fp32 copy of their weights, and read 4 bytes a weight; from chapter 18 they read their codes "
+    "with fp32 compute too (8-bit activations, integer dot products)."
 )
 
 
@@ -92,12 +96,14 @@ def bytes_per_token(form: str, config, model: Path | None = None) -> int:
         return weights + 2 * channels + 4 * norm_weights(config)
     if form == "int4":
         return weights // 2 + 4 * (weights // 32) + 4 * norm_weights(config)
-    if form == "gguf":
+    if form.startswith("gguf"):
         return gguf_bytes(model)
     raise ValueError(f"unknown weight format {form!r}")
 
 
-def read_format(form: str, compute_dtype: str) -> str:
+def read_format(form: str, compute_dtype: str, integer_dot: bool = False) -> str:
     """The format rosellm's batch-1 kernels read for weights stored in `form`: a quantized layer with fp32
-    activations multiplies its dense fp32 copy."""
-    return "float32" if form in ("int8", "int4", "gguf") and compute_dtype == "float32" else form
+    activations multiplies its dense fp32 copy, unless it runs integer dot products on its codes (`integer_dot`,
+    chapter 18's 8-bit activations)."""
+    quantized = form in ("int8", "int4") or form.startswith("gguf")
+    return "float32" if quantized and compute_dtype == "float32" and not integer_dot else form
