@@ -134,7 +134,9 @@ def part_of(event) -> str | None:
 def profile_run(engine, requests: list, every: int) -> dict:
     """Where the time of `LLMEngine.step` goes: the workload run once more, `torch.profiler` recording one step
     in `every` (a sample of the whole run, prompts and decodes, in the proportions they take), each split by
-    `part_of`. The forward's rest, beyond GEMMs and attention, is element-wise work, compiled or not."""
+    `part_of`. The forward's rest, beyond GEMMs and attention, is element-wise work, compiled or not, and the
+    attention of a compiled step whose every row decodes one token: traced into the graph, it is loops of
+    Inductor's, not operators the profiler can name."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     for i, (prompt, max_tokens) in enumerate(requests):

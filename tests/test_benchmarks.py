@@ -110,7 +110,8 @@ def test_offline_cpu_quick(tiny_gqa, tmp_path):
     assert [p["batch_size"] for p in result["decode_sweep"]] == [1, 2, 4]
     parts = {p["part"]: p["seconds"] for p in result["profile"]["parts"]}
     assert {"gemm", "attention", "other_model", "lm_head", "schedule", "sample", "commit"} <= set(parts)
-    assert parts["gemm"] > 0 and parts["attention"] > 0  # torch.profiler saw the aten ops inside the forward
+    # torch.profiler saw the GEMMs inside the forward, and the rest of it (decode steps attend inside the graph)
+    assert parts["gemm"] > 0 and parts["other_model"] > 0
     assert result["agreement"]["rosellm vs hf-continuous"]["identical_requests"] == result["work"]["requests"]
 
 
