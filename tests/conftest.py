@@ -35,6 +35,11 @@ CHAPTER_TEST_DIR = re.compile(r"ch(\d\d)_")
 SERIAL_TEST_DIRS = ("ch10_serving", "ch16_engine_core")
 
 
+def is_serial(test_file: Path) -> bool:
+    """Whether `make test` runs this file's tests alone (see `SERIAL_TEST_DIRS`)."""
+    return test_file.parent.name in SERIAL_TEST_DIRS
+
+
 def worker_threads() -> int | None:
     """Under pytest-xdist, each worker's share of the cores (None otherwise): two workers with a thread per
     core each would leave every OpenMP region waiting for a thread the other worker holds."""
@@ -101,7 +106,7 @@ def pytest_collection_modifyitems(config, items):
     from benchmarks import WORKLOADS
 
     for item in items:
-        if Path(item.path).parent.name in SERIAL_TEST_DIRS:
+        if is_serial(Path(item.path)):
             item.add_marker(pytest.mark.serial)
 
     latest = all_checkpoints()[-1].number
