@@ -1,7 +1,5 @@
 """How `make test` splits the suite: two pytest workers that share the cores, then the servers' tests alone."""
 
-import pytest
-
 from tests import conftest
 
 
@@ -24,8 +22,3 @@ def test_the_servers_tests_and_only_they_are_serial():
     assert conftest.is_serial(tests / "ch16_engine_core" / "test_failures.py")
     assert not conftest.is_serial(tests / "ch12_tensor_parallel" / "test_processes.py")
     assert not conftest.is_serial(tests / "test_benchmarks.py")
-
-
-@pytest.mark.parametrize("directory", conftest.SERIAL_TEST_DIRS)
-def test_each_serial_directory_exists(directory):
-    assert (conftest.ROOT / "tests" / directory).is_dir()
