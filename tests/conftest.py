@@ -12,9 +12,13 @@ not parametrized at all (a test of a structure that a later chapter replaces end
 
 A costly test of code that later chapters carry unchanged is marked `latest_only`: `make test` runs it on
 the latest checkpoint alone (at a chapter's tag, that chapter's own), `make test-all` on every one.
+
+`make test` runs the suite on two pytest-xdist workers, which share the CPU's cores (`worker_threads`), then
+the tests of the servers and engine-core processes alone (`SERIAL_TEST_DIRS`, marked `serial`).
 """
 
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -26,6 +30,26 @@ from tests.tiny_models import TINY_CONFIGS, make_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTER_TEST_DIR = re.compile(r"ch(\d\d)_")
+# Their tests start servers and engine cores in processes of their own and wait for answers with deadlines;
+# beside another worker's compute those deadlines measure the neighbour, so `make test` runs them alone.
+SERIAL_TEST_DIRS = ("ch10_serving", "ch16_engine_core")
+
+
+def is_serial(test_file: Path) -> bool:
+    """Whether `make test` runs this file's tests alone (see `SERIAL_TEST_DIRS`)."""
+    return test_file.parent.name in SERIAL_TEST_DIRS
+
+
+def worker_threads() -> int | None:
+    """Under pytest-xdist, each worker's share of the cores (None otherwise): two workers with a thread per
+    core each would leave every OpenMP region waiting for a thread the other worker holds."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    return max(1, (os.cpu_count() or 1) // workers) if workers else None
+
+
+if threads := worker_threads():
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for the processes the tests start
+    torch.set_num_threads(threads)
 
 
 def pytest_addoption(parser):
@@ -77,8 +101,13 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Deselect the tests of benchmark workloads this tree does not hold (a chapter tag holds its own)."""
+    """Mark the tests of `SERIAL_TEST_DIRS` `serial`; deselect the tests of benchmark workloads this tree does
+    not hold (a chapter tag holds its own)."""
     from benchmarks import WORKLOADS
+
+    for item in items:
+        if is_serial(Path(item.path)):
+            item.add_marker(pytest.mark.serial)
 
     latest = all_checkpoints()[-1].number
     present = {name for name, (_, chapter) in WORKLOADS.items() if chapter <= latest}

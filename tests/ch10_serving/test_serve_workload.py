@@ -93,6 +93,12 @@ def test_serve_quick_runs_chapter_16_forms_and_leaves_no_core(tiny_model_dirs, t
         assert process_group_members(server["pid"]) == []  # its engine cores too
 
     assert result["offline_step_ms"] > 0 and result["offline_step"]["max_tokens"] == s["max_tokens"][1]
+    assert result["offline_steps_ms"] == {"1": result["offline_step_ms"]}  # quick: one row only
+    for server in result["servers"]:  # requests one after another, before the rates
+        assert server["alone_failed"] == 0 and server["tpot_alone_ms"] > 0
+        ratio = server["tpot_alone_ms"] / result["offline_step_ms"]
+        assert server["alone_over_offline_step"] == pytest.approx(ratio, 1e-2)
+    assert "requests one after another" in done.stdout
     assert [(r["server"], r["rate"]) for r in result["runs"]] == [(n, rate) for n in names for rate in s["rates"]]
     for r in result["runs"]:
         assert r["requests"] == r["completed"] == s["requests"] and r["failed"] == 0

@@ -230,7 +230,9 @@ def start_server(model: Path, temporary: Path | None = None) -> tuple[subprocess
     for line in process.stderr:
         if address := re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line):
             return process, address.group(1)
-        assert "Traceback" not in line, line
+        if "Traceback" in line:  # the server failed: say how, its whole report
+            process.kill()
+            raise AssertionError(line + process.stderr.read())
     raise AssertionError(f"the server ended before serving (exit code {process.wait()})")
 
 

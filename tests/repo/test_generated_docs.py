@@ -265,6 +265,20 @@ def test_the_serve_block_states_the_load_the_run_recorded():
     assert f"other processes used {100 * result['other_processes_cpu_share']:.0f} % of the CPU meanwhile" in shown
 
 
+def test_the_serve_block_takes_a_token_apart_where_the_run_measured_it():
+    """Chapter 16's run times requests one after another and the offline step at several rows: a table of
+    them; chapter 10's run did neither, and its block has none."""
+    result = json.loads((ROOT / "benchmarks" / "results" / "serve_ch16.json").read_text())
+    shown = docs_results.block_serve(ROOT / "benchmarks" / "results", "serve_ch16.json")
+    for server in result["servers"]:
+        assert (
+            f"| {server['label']} | {server['tpot_alone_ms']:.1f} | {server['alone_over_offline_step']:.2f}× |" in shown
+        )
+    together = " / ".join(f"{ms:.1f}" for ms in result["offline_steps_ms"].values())
+    assert f"with 1 / 2 / 4 requests decoding together: **{together} ms**" in shown
+    assert "requests one after another" not in docs_results.block_serve(ROOT / "benchmarks" / "results", "serve.json")
+
+
 def test_every_result_file_is_remeasured_by_one_job_of_the_results_command():
     from benchmarks import book_results
 
