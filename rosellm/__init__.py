@@ -48,7 +48,7 @@ __layers__ = (
     "distributed",
     "attention",
     "platforms",
-    "config envs outputs sampling_params utils",
+    "config envs operators outputs sampling_params utils",
 )
 # Where each module of chapters 01-16's flat package lives in this one: tests and scripts name a module once,
 # by its flat name, and `chapters.submodule` finds it here (a checkpoint without `__modules__` is flat).

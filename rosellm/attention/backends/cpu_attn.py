@@ -204,7 +204,13 @@ class CpuAttentionBackend:
         )
 
     def store_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        store_kv(key, value, key_cache, value_cache, slot_mapping)
+        """As the reference; where every token has a slot (every step but warm-up's), one indexed copy per
+        cache, with none of the reference's boolean masks (each a scan and a count)."""
+        if slot_mapping.numel() == 0 or int(slot_mapping.min()) < 0:
+            store_kv(key, value, key_cache, value_cache, slot_mapping)
+            return
+        key_cache.flatten(0, 1).index_copy_(0, slot_mapping, key)  # [slots, kv_heads, head_dim]
+        value_cache.flatten(0, 1).index_copy_(0, slot_mapping, value)
 
     def paged_attention(
         self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata
@@ -213,7 +219,10 @@ class CpuAttentionBackend:
         plan = metadata.plan
         if not isinstance(plan, CpuPlan):
             raise RuntimeError("this forward has no plan: set metadata.plan = backend.plan(metadata, block_size)")
-        out = self.grouped.paged_attention(query, key_cache, value_cache, replace(metadata, plan=plan.others))
+        if plan.others.groups:
+            out = self.grouped.paged_attention(query, key_cache, value_cache, replace(metadata, plan=plan.others))
+        else:  # every row is a decode row or a fresh prompt's, written below
+            out = torch.empty_like(query)
         for group in plan.decode_groups:
             out[group.tokens] = kernel_decode_attention(
                 query[group.tokens], key_cache, value_cache, group.block_tables, group.seq_lens, plan.kernel_setting

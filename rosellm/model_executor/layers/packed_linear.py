@@ -5,15 +5,17 @@ kernel each time; at decode shapes (a few dozen rows) that costs as much as the 
 reorder a weight once, at load, into the blocked layout its kernel reads (what Inductor's freezing pass
 does on CPU); the LM head, the largest matrix, gains the most.
 
-The packed weight is an opaque oneDNN tensor that torch.compile cannot trace, so the multiply is a custom
-operator: compiled code calls it like any other extern kernel, with the plain weight as its argument; the
-operator finds the packed copy made for that weight.
+The packed weight is an opaque oneDNN tensor that torch.compile cannot trace, so the multiply is an
+operator (operators.py): compiled code calls it like any other extern kernel, with the plain weight as its
+argument; the operator finds the packed copy made for that weight.
 """
 
 import weakref
 
 import torch
 from torch import nn
+
+from ...operators import define_operator
 
 _packed: dict[int, torch.Tensor] = {}  # weight.data_ptr() -> its packed copy, while the weight lives
 
@@ -25,20 +27,14 @@ def pack_weight(weight: torch.Tensor) -> None:
     weakref.finalize(weight, _packed.pop, key, None)
 
 
-# One operator per copy of the package: the frozen chapters beside `rosellm` each register their own
-# (`rosellm::packed_linear`, `chapters_ch11_cpu_performance_rosellm::packed_linear`, ...).
-OPERATOR = f"{__package__.replace('.', '_')}::packed_linear"
+def _output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-@torch.library.custom_op(OPERATOR, mutates_args=())
+@define_operator(__package__, fake=_output)
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias with the packed copy of `weight`: x [rows, in] -> [rows, out]."""
     return torch.ops.mkldnn._linear_pointwise(x, _packed[weight.data_ptr()], bias, "none", [], "")
-
-
-@packed_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 class PackedLinear(nn.Linear):

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...operators import define_operator
 from . import integer_dot, integer_dot_kernel
 
 GROUP = 32  # weights per scale in GGUF's Q4_0, Q4_1, Q8_0 and in our int4
@@ -125,10 +126,6 @@ def uses_packed_kernel(x: torch.Tensor, max_rows: int) -> bool:
     return x.device.type == "cpu" and x.dtype in PACKED_DTYPES and x.shape[0] <= max_rows
 
 
-# One set of operators per copy of the package (see packed_linear.py).
-NAMESPACE = __package__.replace(".", "_")
-
-
 def int4_matmul(
     x: torch.Tensor,
     packed: torch.Tensor | None,
@@ -187,27 +184,13 @@ def integer_dot_matmul(
     return integer_dot_kernel.linear(x, codes, scales, minimums, bias, library)
 
 
-# The operators' library. An operator defined on it costs about 3 us a call, one made by
-# `torch.library.custom_op` about 12 (its Python wrapper): at 121 layers a decode step, a millisecond a token.
-LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+def _output(x: torch.Tensor, *weights) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weights[-2].shape[0])  # the dense copy [out, in] comes second to last
 
 
-def as_operator(matmul):
-    """`matmul` as one operator of the same name (its schema read from its signature, one implementation for
-    every device), its output shape [rows, out] told to the compiler (its dense copy [out, in] comes second to
-    last)."""
-    name = matmul.__name__
-    LIBRARY.define(name + torch.library.infer_schema(matmul, mutates_args=()))
-    LIBRARY.impl(name, matmul, "CompositeExplicitAutograd")
-
-    def fake(x, *weights):
-        return x.new_empty(*x.shape[:-1], weights[-2].shape[0])
-
-    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=LIBRARY)
-    return getattr(getattr(torch.ops, NAMESPACE), name).default
-
-
-OPERATORS = {matmul: as_operator(matmul) for matmul in (int4_matmul, halves_matmul, int8_matmul, integer_dot_matmul)}
+# Each matmul as an operator of the same name (operators.py), for graphs that choose a kernel at run time.
+MATMULS = (int4_matmul, halves_matmul, int8_matmul, integer_dot_matmul)
+OPERATORS = {matmul: define_operator(__package__, fake=_output)(matmul) for matmul in MATMULS}
 
 
 def run_matmul(matmul, x: torch.Tensor, *weights) -> torch.Tensor:

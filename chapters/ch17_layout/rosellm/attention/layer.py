@@ -1,9 +1,9 @@
-"""Attention as one custom operator, so that torch.compile takes a whole forward as one graph.
+"""Attention as one operator, so that torch.compile takes a whole forward as one graph.
 
 A backend's `store_kv` and `paged_attention` are Python that torch.compile cannot trace whole (plans, row
-groups, Triton launches). Wrapped in a custom operator they are one opaque call in the graph: Inductor
-calls it like an extern kernel, in order, and never breaks the graph around it. The operator writes the new
-keys and values into the layer's caches, so it declares that it mutates them (`mutates_args`).
+groups, Triton launches). Wrapped in an operator (operators.py) they are one opaque call in the graph:
+Inductor calls it like an extern kernel, in order, and never breaks the graph around it. The operator writes
+the new keys and values into the layer's caches, so it declares that it mutates them (`mutates_args`).
 
 Backends hold nothing between calls, so the operator finds them by name: `register_backend` puts one in
 `BACKENDS`, and the operator's `backend` argument names it. What the backend planned for the forward
@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 from torch.profiler import record_function
 
+from ..operators import define_operator
 from .metadata import AttentionMetadata
 
 BACKENDS: dict[str, object] = {}  # backend name -> a backend (stateless: any one of that name will do)
@@ -42,11 +43,11 @@ def forward_context(metadata: AttentionMetadata) -> Iterator[None]:
         _context.pop()
 
 
-# One operator per copy of the package, as `packed_linear`: `rosellm::attention`, ...
-OPERATOR = f"{__package__.replace('.', '_')}::attention"
+def _output(query: torch.Tensor, *rest) -> torch.Tensor:
+    return torch.empty_like(query)
 
 
-@torch.library.custom_op(OPERATOR, mutates_args=("keys", "values"))
+@define_operator(__package__, fake=_output, mutates_args=("keys", "values"))
 def attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -86,10 +87,3 @@ def attention(
         key_cache, value_cache = keys[layer], values[layer]
         chosen.store_kv(key, value, key_cache, value_cache, slot_mapping)  # write through the slot mapping
         return chosen.paged_attention(query, key_cache, value_cache, metadata)  # read through the block tables
-
-
-@attention.register_fake
-def _(
-    query, key, value, keys, values, layer, slot_mapping, query_start_loc, query_lens, seq_lens, block_tables, backend
-):
-    return torch.empty_like(query)

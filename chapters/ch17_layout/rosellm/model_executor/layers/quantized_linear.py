@@ -20,7 +20,7 @@ its codes (0.5 or 1 byte per weight), the kernel's packed codes (bf16 only) and 
 bf16, 4 in fp32).
 
 The choice is Python, made per call. A graph whose row count is a symbol (any number of tokens) keeps it for
-run time inside a custom operator (`OPERATORS`), which Inductor calls back into Python. Where
+run time inside an operator of its own (`OPERATORS`), which Inductor calls back into Python. Where
 torch.compile traces one row (it specializes a size of 1: the one-token graph of a decode step) the choice
 is made while tracing instead, and the chosen kernel goes into the graph as it is: no Python per layer at run time.
 """
@@ -30,6 +30,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ...operators import define_operator
 
 GROUP = 32  # weights per scale in GGUF's Q4_0, Q4_1, Q8_0 and in our int4
 
@@ -110,10 +112,6 @@ def uses_packed_kernel(x: torch.Tensor, max_rows: int) -> bool:
     return x.device.type == "cpu" and x.dtype in PACKED_DTYPES and x.shape[0] <= max_rows
 
 
-# One set of operators per copy of the package (see packed_linear.py).
-NAMESPACE = __package__.replace(".", "_")
-
-
 def int4_matmul(
     x: torch.Tensor,
     packed: torch.Tensor | None,
@@ -155,14 +153,13 @@ def int8_matmul(
     return out if bias is None else out + bias
 
 
-def as_operator(matmul):
-    """`matmul` as one custom operator of the same name, its output shape [rows, out] told to the compiler."""
-    operator = torch.library.custom_op(f"{NAMESPACE}::{matmul.__name__}", mutates_args=())(matmul)
-    operator.register_fake(lambda x, weight, scales, dense, bias: x.new_empty(*x.shape[:-1], dense.shape[0]))
-    return operator
+def _output(x: torch.Tensor, *weights) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weights[-2].shape[0])  # the dense copy [out, in] comes second to last
 
 
-OPERATORS = {matmul: as_operator(matmul) for matmul in (int4_matmul, halves_matmul, int8_matmul)}
+# Each matmul as an operator of the same name (operators.py), for graphs that choose a kernel at run time.
+MATMULS = (int4_matmul, halves_matmul, int8_matmul)
+OPERATORS = {matmul: define_operator(__package__, fake=_output)(matmul) for matmul in MATMULS}
 
 
 def run_matmul(matmul, x: torch.Tensor, *weights) -> torch.Tensor:

@@ -1,0 +1,52 @@
+"""The operators a step calls (packed linear layers, attention, the quantized layers' choice of kernel) are
+defined on a `torch.library.Library`, not by `torch.library.custom_op` (whose Python wrapper runs at every
+call); `define_operator` gives operators that equal their function, eager and compiled, writing into the
+arguments they declare."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.requires("engine_core")
+
+
+def step_operators(checkpoint) -> list:
+    return [
+        checkpoint.packed_linear.packed_linear,
+        checkpoint.attention_op.attention,
+        *checkpoint.quantized_linear.OPERATORS.values(),
+    ]
+
+
+def test_a_steps_operators_are_defined_on_a_library(checkpoint):
+    for operator in step_operators(checkpoint):
+        assert isinstance(operator, torch._ops.OpOverload), f"{operator} is not a plain operator"
+        assert operator.namespace.startswith(checkpoint.__name__.replace(".", "_"))  # one set per copy
+
+
+def test_defined_operators_equal_their_functions_eager_and_compiled(checkpoint):
+    namespace = f"{checkpoint.__name__}.tests"  # one per checkpoint: an operator is defined once a process
+    define_operator = checkpoint.operators.define_operator
+
+    @define_operator(namespace, fake=lambda x, weight: x.new_empty(x.shape[0], weight.shape[0]))
+    def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x @ weight.T
+
+    @define_operator(namespace, fake=lambda x, rows, out: torch.empty_like(x), mutates_args=("out",))
+    def scatter_rows(x: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        out[rows] = x  # written in place: the compiled graph must keep the write
+        return x * 2
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(5, 8, generator=gen)
+
+    def step(x, rows, out):
+        return scatter_rows(torch.relu(project(x, weight)), rows, out) + 1
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for num_rows in (3, 6):
+        x, rows = torch.randn(num_rows, 8, generator=gen), torch.randperm(10, generator=gen)[:num_rows]
+        expected_out, out = torch.zeros(10, 5), torch.zeros(10, 5)
+        expected = step(x, rows, expected_out)
+        torch.testing.assert_close(compiled(x, rows, out), expected)
+        torch.testing.assert_close(out, expected_out)
+        assert out[rows].abs().sum() > 0  # the write happened (the comparison above is not of zeros)
