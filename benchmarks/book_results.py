@@ -41,6 +41,7 @@ class Job:
     file: str  # the result file under benchmarks/results/
     command: str  # `python -m benchmarks` + this (no output paths)
     figure: str | None = None  # docs/figures/FIGURE when a page shows it; None: its figure is not kept
+    cpu_level: str | None = None  # ROSELLM_CPU_FEATURES for the workload: the kernels of a lower CPU level
 
     def argv(self, results: Path, scratch: Path, quick: bool, without_peers: bool, model: str | None) -> list[str]:
         words = shlex.split(self.command) + (["--model", model] if model else [])
@@ -49,6 +50,12 @@ class Job:
             del words[at : at + 2]
         figure = harness.FIGURES / self.figure if self.figure and not quick else scratch / f"{Path(self.file).stem}.png"
         return [*words, "--json", str(results / self.file), "--figure", str(figure), *(["--quick"] if quick else [])]
+
+    @property
+    def shell_command(self) -> str:
+        """The command as a reader would type it."""
+        level = f"ROSELLM_CPU_FEATURES={self.cpu_level} " if self.cpu_level else ""
+        return f"{level}python -m benchmarks {self.command}"
 
     @property
     def workload(self) -> str:
@@ -94,6 +101,12 @@ GROUPS = {
         Job("speculative.json", "speculative --peers vllm", "ch14_speculative.png"),
         Job("structured.json", "structured --peers vllm", "ch15_structured.png"),
         Job("serve_ch16.json", "serve --rosellm in-process,split,dp2 --peers vllm --rates 0.5,1,2", "ch16_serve.png"),
+        Job("latency_cpu_ch18.json", "latency-cpu --variants fp32,gguf,gguf-fp32 --peers llamacpp,llamacpp-q4_1"),
+        Job(
+            "latency_cpu_ch18_avx2.json",
+            "latency-cpu --variants fp32,gguf,gguf-fp32 --peers llamacpp-q4_1",
+            cpu_level="avx2",
+        ),
     ],
 }
 
@@ -115,7 +128,7 @@ def describe_groups() -> str:
         times = [last_wall_s(job) for job in jobs]
         total = sum(t for t in times if t)
         lines.append(f"{name}: {len(jobs)} files, {total / 60:.0f} min when last measured")
-        lines += [f"  {job.file:32} {t or 0:7.0f} s  python -m benchmarks {job.command}" for job, t in zip(jobs, times)]
+        lines += [f"  {job.file:32} {t or 0:7.0f} s  {job.shell_command}" for job, t in zip(jobs, times)]
     return "\n".join(lines)
 
 
@@ -150,7 +163,10 @@ def run_group(name: str, jobs: list[Job], args) -> dict:
             argv = job.argv(args.results, Path(scratch), args.quick, args.without_peers, args.model)
             print(f"[{run['id']}] python -m benchmarks {shlex.join(argv)}", flush=True)
             begun = time.perf_counter()
-            status = subprocess.run([sys.executable, "-m", "benchmarks", *argv], cwd=harness.ROOT, env=env).returncode
+            job_env = env | ({"ROSELLM_CPU_FEATURES": job.cpu_level} if job.cpu_level else {})
+            status = subprocess.run(
+                [sys.executable, "-m", "benchmarks", *argv], cwd=harness.ROOT, env=job_env
+            ).returncode
             manifest["jobs"].append(dict(file=job.file, status=status, wall_s=round(time.perf_counter() - begun, 1)))
             path.write_text(json.dumps(manifest, indent=2) + "\n")  # what ran so far, should a later job fail
             if status:

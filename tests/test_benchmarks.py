@@ -825,3 +825,14 @@ def test_every_job_of_the_results_command_is_a_command_its_workload_takes():
         for job in jobs:
             parser, _ = workload_parser(job.workload)
             parser.parse_args(job.argv(Path("results"), Path("scratch"), False, False, None)[1:])
+
+
+def test_a_job_at_a_lower_cpu_level_names_a_level_and_shows_it_in_its_command():
+    from benchmarks import book_results
+    from rosellm.platforms import cpu_features
+
+    levels = [job for jobs in book_results.groups().values() for job in jobs if job.cpu_level]
+    assert levels  # chapter 18's latency at AVX2
+    for job in levels:
+        assert job.cpu_level in cpu_features.LEVELS
+        assert job.shell_command.startswith(f"ROSELLM_CPU_FEATURES={job.cpu_level} python -m benchmarks ")
