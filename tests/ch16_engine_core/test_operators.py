@@ -50,3 +50,17 @@ def test_defined_operators_equal_their_functions_eager_and_compiled(checkpoint):
         torch.testing.assert_close(compiled(x, rows, out), expected)
         torch.testing.assert_close(out, expected_out)
         assert out[rows].abs().sum() > 0  # the write happened (the comparison above is not of zeros)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_one_row_multiplies_the_plain_weight_more_rows_the_packed_copy(checkpoint, rows, monkeypatch):
+    packed = checkpoint.packed_linear
+    layer = torch.nn.Linear(32, 16)
+    packed.pack_linears(layer)
+    calls = []
+    operator = packed.packed_linear
+    monkeypatch.setattr(packed, "packed_linear", lambda *args: calls.append(1) or operator(*args))
+    x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert len(calls) == (rows > 1)
