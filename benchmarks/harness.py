@@ -70,10 +70,11 @@ def output_paths(args, name: str, figure: str = "") -> tuple[Path, Path]:
 
 
 def command_line() -> str:
-    """The command that reproduces this run, without its output paths."""
+    """The command that reproduces this run, without its output paths (with the CPU level it was masked to)."""
     argv, paths = sys.argv[1:], ("--json", "--figure")
     kept = [arg for i, arg in enumerate(argv) if arg not in paths and (i == 0 or argv[i - 1] not in paths)]
-    return "python -m benchmarks " + " ".join(kept)
+    level = os.environ.get("ROSELLM_CPU_FEATURES")
+    return (f"ROSELLM_CPU_FEATURES={level} " if level else "") + "python -m benchmarks " + " ".join(kept)
 
 
 def named_checkpoint(text: str):

@@ -668,8 +668,10 @@ def block_batch_one(results: Path, name: str) -> str:
     for e in sorted((e for e in result["engines"] if "error" not in e), key=lambda e: e["tpot_ms"]):
         if e["check"].get("required", True):
             check = "as transformers'" if e["check"]["passed"] else "**differ from transformers'**"
-        else:
+        elif "agreement_with_fp32" in e:
             check = f"{e['agreement_with_fp32']['equal_token_share']:.0%} of fp32's"
+        else:
+            check = "– (no fp32 run of this engine)"
         share = e["share_of_bandwidth_roofline"]
         rows.append([e["label"], f"{e['tpot_ms']:.1f}", f"{e['weight_mb_per_token']:.0f}", f"{share:.0%}", check])
     failed = [f"{e['label']} ({e['error']})" for e in result["engines"] if "error" in e]
