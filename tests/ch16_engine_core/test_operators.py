@@ -45,10 +45,12 @@ def test_defined_operators_equal_their_functions_eager_and_compiled(checkpoint):
     compiled = torch.compile(step, fullgraph=True, dynamic=True)
     for num_rows in (3, 6):
         x, rows = torch.randn(num_rows, 8, generator=gen), torch.randperm(10, generator=gen)[:num_rows]
-        expected_out, out = torch.zeros(10, 5), torch.zeros(10, 5)
-        expected = step(x, rows, expected_out)
-        torch.testing.assert_close(compiled(x, rows, out), expected)
-        torch.testing.assert_close(out, expected_out)
+        projected = torch.relu(x @ weight.T)  # the functions' arithmetic, written out
+        expected, expected_out = projected * 2 + 1, torch.zeros(10, 5).index_put_((rows,), projected)
+        for run in (step, compiled):  # eager, then compiled
+            out = torch.zeros(10, 5)
+            torch.testing.assert_close(run(x, rows, out), expected)
+            torch.testing.assert_close(out, expected_out)
         assert out[rows].abs().sum() > 0  # the write happened (the comparison above is not of zeros)
 
 
