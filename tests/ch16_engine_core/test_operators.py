@@ -54,15 +54,21 @@ def test_defined_operators_equal_their_functions_eager_and_compiled(checkpoint):
         assert out[rows].abs().sum() > 0  # the write happened (the comparison above is not of zeros)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5])
-def test_one_row_multiplies_the_plain_weight_more_rows_the_packed_copy(checkpoint, rows, monkeypatch):
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 9])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_few_rows_multiply_the_plain_weight_more_rows_the_packed_copy(checkpoint, rows, compiled, monkeypatch):
+    """Up to PLAIN_ROWS rows the layer multiplies its plain weight, from one more on its packed copy; compiled
+    for any number of rows, the choice is made at each call."""
     packed = checkpoint.packed_linear
     layer = torch.nn.Linear(32, 16)
     packed.pack_linears(layer)
-    calls = []
-    operator = packed.packed_linear
-    monkeypatch.setattr(packed, "packed_linear", lambda *args: calls.append(1) or operator(*args))
+    zeros = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 32), None)
+    monkeypatch.setitem(packed._packed, layer.weight.data_ptr(), zeros)  # where the packed copy is read: bias alone
     x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+    run = torch.compile(layer, dynamic=True, fullgraph=True) if compiled else layer
     with torch.inference_mode():
-        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
-    assert len(calls) == (rows > 1)
+        out = run(x)
+    plain = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    expected = plain if rows <= packed.PLAIN_ROWS else layer.bias.detach().expand(rows, 16)
+    torch.testing.assert_close(out, expected)
+    assert 1 <= packed.PLAIN_ROWS < 4  # the parameters above run both sides of the choice

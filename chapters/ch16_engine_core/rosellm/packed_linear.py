@@ -33,9 +33,19 @@ def _output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
+# Up to this many rows (a decode step of a few sequences) the plain weight's `F.linear` is faster: the BLAS's
+# matrix-vector kernels stream the weight from memory faster than oneDNN's packed GEMM reads it. Measured on
+# SmolLM2's 30 layers, weights read from memory, 2 threads (Xeon, AVX-512): 15.9 / 17.6 / 19.7 ms at 1 / 2 / 3
+# rows against 21.6 / 22.7 / 24.1 packed; from 4 rows on the packed copy wins (24.9 against 27.9 at 4).
+PLAIN_ROWS = 3
+
+
 @define_operator(__package__, fake=_output)
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias with the packed copy of `weight`: x [rows, in] -> [rows, out]."""
+    """x @ weight.T + bias: x [rows, in] -> [rows, out], with the packed copy of `weight` from PLAIN_ROWS + 1
+    rows on (the choice is made at every call, so a compiled graph of any number of rows keeps both)."""
+    if x.shape[0] <= PLAIN_ROWS:
+        return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, _packed[weight.data_ptr()], bias, "none", [], "")
 
 
@@ -43,11 +53,10 @@ class PackedLinear(nn.Linear):
     """An `nn.Linear` whose weight has been packed (`pack_linears`); same parameters, same results within
     floating-point reordering.
 
-    One row (a decode step of one sequence) multiplies the plain weight instead: the BLAS's matrix-vector
-    kernel streams it from memory faster than oneDNN's packed GEMM does at one row. Measured on SmolLM2's 30
-    layers, weights read from memory, 2 threads: 15.4 ms against 23.0 at one row, 17.2 against 24.0 at two;
-    the compiled one-token step took 18 ms instead of 32. Only a row count known to be 1 while tracing takes
-    that path (the one-token graph, eager code), so no graph of any number of rows gains a guard on it."""
+    A few rows multiply the plain weight instead (`PLAIN_ROWS`). A row count known to be 1 while tracing (the
+    one-token graph, eager code) calls `F.linear` in the graph itself, without the operator: the compiled
+    one-token step took 18 ms instead of 32. Any other graph calls the operator, which chooses at each call, so
+    no graph gains a guard on its number of rows."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] -> [rows, out]."""
