@@ -18,6 +18,7 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ...operators import define_operator
+from ...platforms import cpu_features
 
 _packed: dict[int, torch.Tensor] = {}  # weight.data_ptr() -> its packed copy, while the weight lives
 
@@ -37,14 +38,16 @@ def _output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 # matrix-vector kernels stream the weight from memory faster than oneDNN's packed GEMM reads it. Measured on
 # SmolLM2's 30 layers, weights read from memory, 2 threads (Xeon, AVX-512): 15.9 / 17.6 / 19.7 ms at 1 / 2 / 3
 # rows against 21.6 / 22.7 / 24.1 packed; from 4 rows on the packed copy wins (24.9 against 27.9 at 4).
-PLAIN_ROWS = 3
+# bf16 weights (packed where the CPU has native bf16) take their packed copy at every row count: 14.8 / 17.1 /
+# 31.9 ms at 1 / 4 / 16 rows against F.linear's 18.2 / 22.7 / 37.6, the same layers (Xeon, AVX-512 BF16).
+PLAIN_ROWS = 3  # of fp32
 
 
 @define_operator(__package__, fake=_output)
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias: x [rows, in] -> [rows, out], with the packed copy of `weight` from PLAIN_ROWS + 1
-    rows on (the choice is made at every call, so a compiled graph of any number of rows keeps both)."""
-    if x.shape[0] <= PLAIN_ROWS:
+    """x @ weight.T + bias: x [rows, in] -> [rows, out], with the packed copy of `weight`, from PLAIN_ROWS + 1
+    rows on for fp32 (the choice is made at every call, so a compiled graph of any number of rows keeps both)."""
+    if weight.dtype == torch.float32 and x.shape[0] <= PLAIN_ROWS:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, _packed[weight.data_ptr()], bias, "none", [], "")
 
@@ -53,21 +56,26 @@ class PackedLinear(nn.Linear):
     """An `nn.Linear` whose weight has been packed (`pack_linears`); same parameters, same results within
     floating-point reordering.
 
-    A few rows multiply the plain weight instead (`PLAIN_ROWS`). A row count known to be 1 while tracing (the
-    one-token graph, eager code) calls `F.linear` in the graph itself, without the operator: the compiled
-    one-token step took 18 ms instead of 32. Any other graph calls the operator, which chooses at each call, so
-    no graph gains a guard on its number of rows."""
+    A few rows of fp32 multiply the plain weight instead (`PLAIN_ROWS`). A row count known to be 1 while
+    tracing (the one-token graph, eager code) calls `F.linear` in the graph itself, without the operator: the
+    compiled one-token step took 18 ms instead of 32. Any other graph calls the operator, which chooses at each
+    call, so no graph gains a guard on its number of rows."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] -> [rows, out]."""
-        if statically_known_true(x.shape[0] == 1):
+        if self.weight.dtype == torch.float32 and statically_known_true(x.shape[0] == 1):
             return F.linear(x, self.weight, self.bias)
         return packed_linear(x, self.weight, self.bias)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """fp32 weights on CPU (the dtype this chapter measures; others keep `F.linear`)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    """fp32 weights on CPU, and bf16 ones where the CPU has native bf16 (`cpu_features.cpu_has_bf16`, which
+    ROSELLM_CPU_FEATURES can mask; elsewhere bf16 is emulated and keeps `F.linear`, unmeasured here)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return cpu_features.cpu_has_bf16() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return weight.dtype == torch.float32
 
 
 def pack_linears(model: nn.Module) -> None:
