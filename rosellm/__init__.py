@@ -75,6 +75,7 @@ __modules__ = {
     "token_bitmask": "structured_output.token_bitmask",
     "proposer": "spec_decode.proposer",
     "ngram_proposer": "spec_decode.ngram_proposer",
+    "draft_pace": "spec_decode.draft_pace",
     "draft_proposer": "spec_decode.draft_proposer",
     "speculative_decoding": "spec_decode.proposers",
     "scheduler": "core.scheduler",

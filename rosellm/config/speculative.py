@@ -11,6 +11,9 @@ disable_by_batch_size   speculation off in a step where at least this many seque
                         large batch is compute-bound, and verifying drafts there costs what it saves
 quantization            draft model: its weights' quantization ("int4" by default: the target's own
                         weights in 4 bits make a draft that agrees with it most of the time)
+adaptive_draft_length   each sequence asks for as many drafts as its last verify step earned, and waits
+                        after drafts that were all rejected (spec_decode/draft_pace.py); False: k drafts
+                        whenever the proposer finds them, as vLLM does
 """
 
 from dataclasses import dataclass, fields
@@ -31,6 +34,7 @@ class SpeculativeConfig:
     model: str | None = None
     quantization: str | None = DEFAULT_DRAFT_QUANTIZATION
     disable_by_batch_size: int | None = None
+    adaptive_draft_length: bool = True
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -39,6 +43,8 @@ class SpeculativeConfig:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if self.disable_by_batch_size is not None and integer("disable_by_batch_size", self.disable_by_batch_size) < 2:
             raise ValueError(f"disable_by_batch_size must be >= 2 or None, got {self.disable_by_batch_size}")
+        if not isinstance(self.adaptive_draft_length, bool):
+            raise ValueError(f"adaptive_draft_length must be True or False, got {self.adaptive_draft_length!r}")
         if self.method == "ngram":
             low = self.prompt_lookup_min if self.prompt_lookup_min is not None else self.prompt_lookup_max
             high = self.prompt_lookup_max if self.prompt_lookup_max is not None else self.prompt_lookup_min

@@ -31,6 +31,7 @@ from ..outputs import RequestOutput, SpecDecodeStats
 from ..sample.rejection_sampler import accept_greedy, accept_sampled
 from ..sample.sampler import make_generators, sample_batch
 from ..sampling_params import SamplingParams
+from ..spec_decode.draft_pace import DraftPace
 from ..spec_decode.proposer import Draft, DraftRequest, Proposer
 from ..spec_decode.proposers import check_draft_model, make_proposer
 from ..structured_output.grammar import GrammarCache, grammar_checked, mask_draft_logits, mask_logits
@@ -133,10 +134,17 @@ class LLMEngine:
         generators = make_generators(seq.params, self.model_runner.device)
         speculative = self.proposer is not None
         self.requests[request_id] = RequestState.start(
-            text, seq, self.tokenizer, generators, speculative, grammar, self.config.detokenize
+            text, seq, self.tokenizer, generators, speculative, grammar, self.config.detokenize, self._first_pace()
         )
         self.scheduler.add(seq)
         return request_id
+
+    def _first_pace(self) -> DraftPace | None:
+        """Where a new request's samples start asking for drafts: k of them (None: always k)."""
+        speculative = self.config.speculative_config
+        if self.proposer is None or not speculative.adaptive_draft_length:
+            return None
+        return DraftPace(speculative.num_speculative_tokens)
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request, waiting or running, all its samples; their blocks return to the pool at once."""
@@ -219,21 +227,24 @@ class LLMEngine:
             raise
 
     def _propose(self) -> dict[Sequence, Draft]:
-        """Drafts for the running sequences that decode, as many tokens as `num_speculative_tokens`, and never
-        so many that one could land past `max_tokens` or `max_model_len`; none when `disable_by_batch_size`
-        sequences or more run. Only non-empty drafts are kept."""
+        """Drafts for the running sequences that decode, as many tokens as `num_speculative_tokens` (or as
+        each sample's pace asks for, and none while it waits), and never so many that one could land past
+        `max_tokens` or `max_model_len`; none when `disable_by_batch_size` sequences or more run. Only
+        non-empty drafts are kept."""
         speculative = self.config.speculative_config
         if self.proposer is None or len(self.scheduler.running) >= (speculative.disable_by_batch_size or math.inf):
             return {}
-        wanted = speculative.num_speculative_tokens
         requests = []
         for seq in self.scheduler.running:
             if seq.num_uncomputed_tokens != 1 or not seq.output_token_ids:
                 continue  # a prompt (or its last token) first: speculation starts after the first token
+            sample = self.requests[seq.request_id].samples[seq.index]
+            if sample.pace is not None and not sample.pace.ready(len(seq.output_token_ids)):
+                continue
+            wanted = speculative.num_speculative_tokens if sample.pace is None else sample.pace.length
             room = min(seq.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens) - 1
             if room >= 1:
-                generator = self.requests[seq.request_id].samples[seq.index].generator
-                requests.append(DraftRequest(seq, seq.token_ids, min(wanted, room), seq.params, generator))
+                requests.append(DraftRequest(seq, seq.token_ids, min(wanted, room), seq.params, sample.generator))
         drafts = self.proposer.propose(requests) if requests else []
         samples = [self.requests[request.key.request_id].samples[request.key.index] for request in requests]
         drafts = [grammar_checked(sample.grammar, draft) for sample, draft in zip(samples, drafts)]
@@ -345,10 +356,14 @@ class LLMEngine:
     def _commit_verified(self, state: RequestState, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """A row ran its last token and `num_drafts` drafts, of which the first `num_accepted` were kept:
         those tokens' keys and values are computed (no more than the tokens it kept, if it finished among
-        them); the blocks beyond them return to the pool."""
+        them); the blocks beyond them return to the pool; the sample's pace follows what it accepted."""
         num_computed = min(1 + num_accepted, seq.num_tokens - seq.num_computed_tokens)
         self.block_manager.commit_computed(seq, num_computed)
         self.block_manager.trim(seq)
+        sample = state.samples[seq.index]
+        if sample.pace is not None:
+            most = self.config.speculative_config.num_speculative_tokens
+            sample.pace = sample.pace.after(num_drafts, num_accepted, len(seq.output_token_ids), most)
         counts = SpecDecodeStats(1, num_drafts, num_accepted)
         state.spec_decode += counts
         self._spec_decode += counts

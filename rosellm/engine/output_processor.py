@@ -8,6 +8,7 @@ import xgrammar
 
 from ..core.sequence import Sequence
 from ..outputs import CompletionOutput, RequestOutput, SpecDecodeStats
+from ..spec_decode.draft_pace import DraftPace
 from ..structured_output.grammar import GrammarState
 from .detokenizer import IncrementalDetokenizer
 from .stop_strings import StopStringMatcher
@@ -25,12 +26,13 @@ class SampleState:
     num_grammar_tokens: int
     text: str
     finish_reason: str | None
+    pace: DraftPace | None
 
 
 @dataclass
 class Sample:
     """One of a request's n answers: its sequence, its random stream, where it is in its grammar (with
-    structured outputs) and the text released so far."""
+    structured outputs), the text released so far and how many drafts it asks for (with speculation)."""
 
     seq: Sequence | None  # None until the prompt is computed and the request forks (sample 0 has it at once)
     detokenizer: IncrementalDetokenizer | None  # None: the caller turns tokens into text (no text here)
@@ -39,6 +41,7 @@ class Sample:
     grammar: GrammarState | None = None
     text: str = ""  # released text: a possible start of a stop string is held back by the matcher
     finish_reason: str | None = None
+    pace: DraftPace | None = None  # None: k drafts whenever the proposer finds them
 
     def save(self) -> SampleState:
         seq = self.seq
@@ -51,6 +54,7 @@ class Sample:
             0 if self.grammar is None else self.grammar.num_accepted,
             self.text,
             self.finish_reason,
+            self.pace,
         )
 
     def restore(self, state: SampleState) -> None:
@@ -65,7 +69,7 @@ class Sample:
         self.stop_matcher.restore(state.stop_matcher)
         if self.grammar is not None:
             self.grammar.rollback_to(state.num_grammar_tokens)
-        self.text, self.finish_reason = state.text, state.finish_reason
+        self.text, self.finish_reason, self.pace = state.text, state.finish_reason, state.pace
 
 
 @dataclass
@@ -86,11 +90,12 @@ class RequestState:
         speculative: bool = False,
         grammar: xgrammar.CompiledGrammar | None = None,
         detokenize: bool = True,
+        pace: DraftPace | None = None,
     ) -> "RequestState":
         """A new request's record: its one sequence, and per sample (`generators` has one each) a detokenizer
         (none if `detokenize` is False: tokens only, no text and no stop strings), a random stream, a
-        stop-string matcher and, given a compiled `grammar`, its own state in it; counts of its drafts if
-        `speculative`."""
+        stop-string matcher, given a compiled `grammar` its own state in it, and the draft `pace` it starts
+        from; counts of its drafts if `speculative`."""
         samples = [
             Sample(
                 seq if index == 0 else None,
@@ -98,6 +103,7 @@ class RequestState:
                 generator,
                 StopStringMatcher(seq.params.stop),
                 None if grammar is None else GrammarState(grammar),
+                pace=pace,
             )
             for index, generator in enumerate(generators)
         ]

@@ -9,6 +9,7 @@ block of both pools is free. A step that fails while proposing, forwarding or ve
 as it was.
 """
 
+import dataclasses
 import shutil
 
 import pytest
@@ -260,12 +261,15 @@ def test_a_step_that_fails_while_speculating_changes_nothing(checkpoint, tiny_mo
 
 def test_seeded_sampling_with_speculation_is_reproducible(checkpoint, tiny_model_dirs, other_tiny_model):
     """Sampled requests go through the rejection rule (its law is checked in test_rejection_sampler.py):
-    with seeds, two runs give the same answers, and drafts were both accepted and rejected."""
+    with seeds, two runs give the same answers, and drafts were both accepted and rejected (k drafts at every
+    step where a checkpoint can choose fewer: chapter 18's `adaptive_draft_length`)."""
 
     def params(index, max_tokens):
         return checkpoint.SamplingParams(temperature=0.3, top_p=0.9, seed=index, max_tokens=2 * max_tokens, n=2)
 
-    for speculative in (NGRAM, draft_of(other_tiny_model)):
+    options = {field.name for field in dataclasses.fields(checkpoint.speculative_config.SpeculativeConfig)}
+    fixed = {"adaptive_draft_length": False} if "adaptive_draft_length" in options else {}
+    for speculative in (NGRAM | fixed, draft_of(other_tiny_model) | fixed):
         runs = []
         for _ in range(2):
             llm_engine = engine(checkpoint, tiny_model_dirs["gqa"], speculative, **REFERENCE)
