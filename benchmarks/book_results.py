@@ -110,6 +110,22 @@ GROUPS = {
             "latency-cpu --variants fp32,gguf,gguf-fp32,bf16 --peers llamacpp-q4_1",
             cpu_level="avx2",
         ),
+        Job(
+            "latency_cpu_ch18_avx512.json",
+            "latency-cpu --variants fp32,gguf,gguf-fp32,bf16 --peers llamacpp-q4_1",
+            cpu_level="avx512",
+        ),
+        Job("offline_cpu_ch18.json", "offline-cpu --checkpoint 18 --engines rosellm --peers vllm"),
+        Job(
+            "offline_cpu_ch18_bf16.json",
+            "offline-cpu --checkpoint 18 --dtype bfloat16 --engines rosellm --peers vllm",
+        ),
+        Job("perplexity_ch18.json", "perplexity --checkpoint 18 --variants fp32,gguf-fp32,gguf-exact"),
+        Job(
+            "speculative_ch18.json",
+            "speculative --checkpoint 18 --batch 1 --requests 4 --sets copy,chat,random "
+            "--methods none,ngram,ngram-fixed,draft_model",
+        ),
     ],
 }
 

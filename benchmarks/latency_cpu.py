@@ -66,7 +66,8 @@ def at_batch_1(body: dict, s: dict, model: str | None) -> dict:
     for e in rows:
         form = e["weights"]
         if "compute_dtype" in e:  # rosellm's rows
-            form = variants.read_format(form, e["compute_dtype"], "integer_dot" in point.capabilities)
+            exact = e["engine"] == "rosellm-gguf-exact"  # the dense fp32 copy: chapter 18's oracle
+            form = variants.read_format(form, e["compute_dtype"], "integer_dot" in point.capabilities and not exact)
         e["weight_bytes_per_token"] = variants.bytes_per_token(form, c, gguf_file(model))
         e["weight_mb_per_token"] = round(e["weight_bytes_per_token"] / 1e6, 1)
         e["bandwidth_roofline_tokens_per_s"] = round(bandwidth / e["weight_bytes_per_token"], 2)

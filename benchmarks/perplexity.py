@@ -4,20 +4,19 @@ Text: the standard library's `pydoc_data/topics.py` (the same on every machine w
 the model's tokenizer; its first `tokens` tokens cut into windows of `window`, each scored on its own in one
 prompt pass (`LLMEngine.prompt_logits`). Perplexity = exp(mean negative log-likelihood of every token of a
 window but its first, over all windows), once per weight format of `benchmarks.variants` (fp32, bf16, int8,
-int4 and, on a GGUF model, its own tensors).
+int4 and, on a GGUF model, its own tensors), on the checkpoint `--checkpoint` names (chapter 13's by default;
+from chapter 18, the GGUF tensors on fp32 activations with 8-bit activations and with exact products).
 
 Then offline-cpu's requests (random prompts, greedy, EOS ignored) through each format: how far its greedy tokens
 follow fp32's (`harness.agreement`: the share of tokens equal at the same position, and for k = 1, 4, 16, 64 the
 share of requests whose first k tokens all equal fp32's).
 
-    python -m benchmarks perplexity [--variants fp32,int4] [--quick]
+    python -m benchmarks perplexity [--checkpoint 18] [--variants fp32,int4] [--quick]
 """
 
 import importlib.util
 import math
 from pathlib import Path
-
-import chapters
 
 from . import harness, offline_cpu, variants
 
@@ -25,7 +24,7 @@ NAME = "perplexity"
 HELP = "chapter 13: perplexity on pydoc's topics and greedy agreement with fp32, per weight format"
 CHAPTER = 13
 
-FULL = {"variants": "all", "tokens": 16384, "window": 512}
+FULL = {"checkpoint": "13", "variants": "all", "tokens": 16384, "window": 512}
 FULL |= {key: offline_cpu.FULL[key] for key in ("requests", "prompt_len", "max_tokens", "seed")}
 FULL |= {"max_batch_tokens": 2048}
 QUICK = {"tokens": 192, "window": 64, "requests": 4, "prompt_len": [8, 24], "max_tokens": [4, 12]}
@@ -56,7 +55,7 @@ def text_windows(model: str | None, tokens: int, window: int) -> list[list[int]]
 
 
 def measure(args, s: dict) -> dict:
-    point, config = chapters.checkpoint(CHAPTER), harness.model_config(args.model)
+    point, config = harness.named_checkpoint(s["checkpoint"]), harness.model_config(args.model)
     chosen = variants.chosen(s["variants"], point)
     if not str(args.model or ".gguf").endswith(".gguf"):  # a Hugging Face folder has no GGUF tensors to keep
         chosen = [v for v in chosen if not v.name.startswith("gguf")]

@@ -1,7 +1,7 @@
 """speculative: what chapter 14's speculative decoding buys, on answers that copy their prompt and on ones
 that do not.
 
-Two sets of requests, greedy, EOS ignored, `max_tokens` each:
+Sets of requests (`--sets`; copy and random by default), greedy, EOS ignored, `max_tokens` each:
 
 - copy: prompts whose answer copies their context, made from text that ships with Python: a paragraph of
   `pydoc_data/topics.py` followed by "The same text, copied exactly:", and a function of the standard
@@ -9,12 +9,17 @@ Two sets of requests, greedy, EOS ignored, `max_tokens` each:
   variable `x` renamed to `value`; half of each kind, chosen the same way on every run. They are plain text
   for the model to continue, not chat turns: asked in a chat turn to repeat a paragraph, a 135M-parameter
   model paraphrases it instead.
+- chat: what a user would try: the copy set's paragraphs in a chat turn that asks for them word for word
+  ("Repeat this text exactly:"), which a small model answers with its own wording as often as not, so that
+  n-gram drafts are found but often rejected.
 - random: offline-cpu's random prompt token ids (`harness.random_requests`, its lengths and seed).
 
-Each set runs through rosellm's `LLM` at each batch size (1: one request at a time; 8: eight requests in one
-`generate`) without speculation, with n-gram speculation (prompt lookup, k = `num_speculative_tokens`) and
-with a draft model (the target's own weights quantized to `draft_quantization`, k = `draft_tokens`), each
-configuration in a process of its own. Per row: output tokens/s; tokens per target forward (tokens /
+Each set runs through the `LLM` of the checkpoint `--checkpoint` names (chapter 14's by default) at each batch
+size (1: one request at a time; 8: eight requests in one `generate`) with each of `--methods`: none (no
+speculation), ngram (prompt lookup, k = `num_speculative_tokens`), draft_model (the target's own weights
+quantized to `draft_quantization`, k = `draft_tokens`) and, from chapter 18 on, ngram-fixed (n-gram asking
+for k drafts at every step, without chapter 18's per-sequence draft length), each configuration in a process
+of its own. Per row: output tokens/s; tokens per target forward (tokens /
 (tokens - accepted): each forward that samples for a request gives it one token, plus the drafts it
 accepted); acceptance rate (accepted / proposed); mean acceptance length (tokens per verify step); and the
 greedy tokens against the row without speculation, which they must equal.
@@ -23,7 +28,8 @@ With `--peers vllm`, vLLM's CPU build runs the same requests with its own n-gram
 lookup bounds) at each batch size (`max_num_seqs`), checked against rosellm's tokens before it is timed; a
 configuration it refuses is recorded with vLLM's error message.
 
-    python -m benchmarks speculative [--batch 1,8] [--draft-quantization int8] [--peers vllm] [--quick]
+    python -m benchmarks speculative [--checkpoint 18] [--batch 1,8] [--sets copy,chat,random]
+        [--methods none,ngram,ngram-fixed] [--draft-quantization int8] [--peers vllm] [--quick]
 """
 
 import importlib
@@ -31,15 +37,14 @@ import inspect
 import math
 import textwrap
 
-import chapters
-
 from . import harness, offline_cpu, peers
 
 NAME = "speculative"
 HELP = "chapter 14: speculative decoding (n-gram, a quantized draft) on copying and on random requests"
 CHAPTER = 14
 
-FULL = {"requests": 8, "batch": [1, 8], "max_tokens": 128, "copy_max_chars": 600}
+FULL = {"checkpoint": "14", "sets": ["copy", "random"], "methods": ["none", "ngram", "draft_model"]}
+FULL |= {"requests": 8, "batch": [1, 8], "max_tokens": 128, "copy_max_chars": 600}
 FULL |= {"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}  # n-gram
 FULL |= {"draft_tokens": 3, "draft_quantization": "int4"}  # draft model ("none": the target's own weights)
 FULL |= {key: offline_cpu.FULL[key] for key in ("prompt_len", "seed", "max_batch_tokens")}
@@ -56,8 +61,11 @@ FUNCTIONS = [
     ("statistics", "NormalDist.zscore"),
 ]
 PARAGRAPH = "Text:\n{}\n\nThe same text, copied exactly:\n"
+CHAT = "Repeat this text exactly:\n\n{}"
 FUNCTION = "{}\n\n\n# The same function, with the variable `x` renamed to `value`:\n"
-METHODS = {"none": "no speculation", "ngram": "n-gram", "draft_model": "draft model"}
+METHODS = {"none": "no speculation", "ngram": "n-gram", "ngram-fixed": "n-gram, k every step"}
+METHODS |= {"draft_model": "draft model"}
+SETS = ("copy", "chat", "random")
 COLUMNS = {"set": "prompts", "batch": "batch", "label": "speculation", "output_tokens_per_s": "output tok/s"}
 COLUMNS |= {"speedup": "x none", "tokens_per_target_forward": "tokens/forward", "acceptance_rate": "accepted"}
 COLUMNS |= {"mean_acceptance_length": "mean length", "identical": "same tokens", "error": "error"}
@@ -109,46 +117,70 @@ def function_source(module: str, qualname: str, max_chars: int) -> str:
     return kept.rstrip("\n") or lines[0][:max_chars]
 
 
-def copy_prompts(model: str | None, count: int, max_chars: int) -> list[list[int]]:
-    """The copying prompts as token ids: paragraphs first, then functions (half of `count` each, the
-    paragraphs one more when it is odd), as plain text to continue."""
+def tokenizer_of(model: str | None):
     from chapters import submodule
 
     loader = submodule("rosellm", "loader")
-    load_tokenizer = loader.load_tokenizer
-    resolve_model_folder = loader.resolve_model_folder
+    return loader.load_tokenizer(loader.resolve_model_folder(model))
 
+
+def copy_prompts(model: str | None, count: int, max_chars: int) -> list[list[int]]:
+    """The copying prompts as token ids: paragraphs first, then functions (half of `count` each, the
+    paragraphs one more when it is odd), as plain text to continue."""
     functions = count // 2
     if functions > len(FUNCTIONS):
         raise SystemExit(f"--requests {count}: at most {2 * len(FUNCTIONS)} copying prompts")
     texts = [PARAGRAPH.format(p) for p in paragraphs(count - functions, max_chars)]
     texts += [FUNCTION.format(function_source(m, q, max_chars)) for m, q in FUNCTIONS[:functions]]
-    tokenizer = load_tokenizer(resolve_model_folder(model))
+    tokenizer = tokenizer_of(model)
     return [tokenizer.encode(text) for text in texts]
 
 
+def chat_prompts(model: str | None, count: int, max_chars: int) -> list[list[int]]:
+    """`count` of the copy set's paragraphs, each in a user's chat turn asking for it word for word, with the
+    model's chat template and the assistant's turn opened (as plain text, for a model without a template)."""
+    tokenizer = tokenizer_of(model)
+    asks = [CHAT.format(p) for p in paragraphs(count, max_chars)]
+    if tokenizer.chat_template is None:
+        return [tokenizer.encode(f"{ask}\n\n") for ask in asks]
+    turns = [[{"role": "user", "content": ask}] for ask in asks]
+    texts = [tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True) for turn in turns]
+    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+
+
 def request_sets(model: str | None, s: dict, vocab_size: int) -> dict[str, list]:
-    """{"copy": [...], "random": [...]}, each a list of [prompt token ids, max_tokens]."""
-    n, m = s["requests"], s["max_tokens"]
-    copying = [[prompt, m] for prompt in copy_prompts(model, n, s["copy_max_chars"])]
-    random = harness.random_requests(n, s["prompt_len"], [m, m], vocab_size, s["seed"])
-    return {"copy": copying, "random": [list(r) for r in random]}
+    """{set name: [[prompt token ids, max_tokens], ...]} for each of `s["sets"]`, in that order."""
+    unknown = sorted(set(s["sets"]) - set(SETS))
+    if unknown:
+        raise SystemExit(f"--sets {unknown}: the sets are {', '.join(SETS)}")
+    n, m, chars = s["requests"], s["max_tokens"], s["copy_max_chars"]
+    make = {
+        "copy": lambda: copy_prompts(model, n, chars),
+        "chat": lambda: chat_prompts(model, n, chars),
+        "random": lambda: [p for p, _ in harness.random_requests(n, s["prompt_len"], [m, m], vocab_size, s["seed"])],
+    }
+    return {name: [[prompt, m] for prompt in make[name]()] for name in s["sets"]}
 
 
 def speculative_configs(s: dict) -> dict[str, dict | None]:
-    """Each method's `speculative_config` (vLLM's names); "none" runs without one."""
+    """Each of `s["methods"]`' `speculative_config` (vLLM's names); "none" runs without one."""
+    unknown = sorted(set(s["methods"]) - set(METHODS))
+    if unknown or "none" not in s["methods"]:
+        raise SystemExit(f"--methods {s['methods']}: none and any of {', '.join(METHODS)}")
     ngram = dict(method="ngram", num_speculative_tokens=s["num_speculative_tokens"])
     ngram |= dict(prompt_lookup_min=s["prompt_lookup_min"], prompt_lookup_max=s["prompt_lookup_max"])
     quantization = None if s["draft_quantization"] == "none" else s["draft_quantization"]
     draft = dict(method="draft_model", num_speculative_tokens=s["draft_tokens"], quantization=quantization)
-    return {"none": None, "ngram": ngram, "draft_model": draft}
+    every = {"none": None, "ngram": ngram, "ngram-fixed": ngram | {"adaptive_draft_length": False}}
+    every["draft_model"] = draft
+    return {method: every[method] for method in s["methods"]}
 
 
 # --- the measurement ---------------------------------------------------------------------------------------
 
 
 def measure(args, s: dict, chosen: list) -> dict:
-    point, config = chapters.checkpoint(CHAPTER), harness.model_config(args.model)
+    point, config = harness.named_checkpoint(s["checkpoint"]), harness.model_config(args.model)
     sets = request_sets(args.model, s, config.vocab_size)
     everything = [r for requests in sets.values() for r in requests]
     longest, batch = max(len(p) + m for p, m in everything), max(s["batch"])
@@ -158,7 +190,7 @@ def measure(args, s: dict, chosen: list) -> dict:
     options["enable_prefix_caching"] = False  # each row prefills its prompts, whatever ran before (as vLLM here)
     widest = sorted(everything, key=lambda r: len(r[0]) + r[1])[-batch:]  # the most a batch can hold at once
     options |= dict(num_kv_blocks=offline_cpu.kv_blocks(widest, 16) + batch * (2 + math.ceil(k / 16)))
-    warmup = [[p[:16], 8] for p, _ in sets["copy"][:2]]
+    warmup = [[p[:16], 8] for p, _ in everything[:2]]
     common = dict(module=point.module, model=args.model, threads=args.threads, batches=s["batch"], sets=sets)
     common |= dict(engine_options=options, warmup=warmup)
     runs = {}
@@ -236,7 +268,7 @@ def agreement(tokens: list, baseline: list | None) -> dict:
 def peer_rows(peer, args, s: dict, sets: dict, options: dict, none: dict) -> list[dict]:
     """vLLM with its n-gram speculation on each set at each batch size (`max_num_seqs`), one process each,
     checked against rosellm's tokens without speculation (the first `check_tokens` of `check_requests`)."""
-    config = speculative_configs(s)["ngram"]
+    config = speculative_configs(s | {"methods": ["none", "ngram"]})["ngram"]
     ours = {(r["set"], r["batch"]): r["tokens"] for r in none.get("runs", [])}
     rows = []
     for name, requests in sets.items():

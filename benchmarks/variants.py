@@ -7,6 +7,8 @@
     gguf   the GGUF file's own tensors as they are: Q4_1 projections, Q8_0 LM head (`quantization="gguf"`)
     gguf-fp32  the same tensors with fp32 activations (`dtype="float32"`): from chapter 18, 8-bit activations
            and integer dot products at batch 1 on every CPU, where "auto" picks bf16 on a CPU with native bf16
+    gguf-exact the same with exact fp32 products (`int8_activations=False`, from chapter 18): the oracle that
+           the 8-bit activations of gguf-fp32 are measured against
 
 `BYTES` says how each format's bytes of weights per token are counted.
 """
@@ -21,9 +23,11 @@ class Variant:
     label: str  # after the engine's name: "rosellm (ch13) int4 weights (groups of 32)"
     dtype: str | None  # the engine's dtype; None: its default ("auto")
     quantization: str | None
+    int8_activations: bool | None = None  # None: the checkpoint's default (chapter 18's option)
 
     def engine_options(self) -> dict:
-        return {"quantization": self.quantization} if self.quantization else {}
+        options = {"quantization": self.quantization} if self.quantization else {}
+        return options | ({} if self.int8_activations is None else {"int8_activations": self.int8_activations})
 
 
 VARIANTS = {
@@ -33,6 +37,7 @@ VARIANTS = {
     "int4": Variant("int4", "int4 weights (groups of 32)", None, "int4"),
     "gguf": Variant("gguf", "GGUF Q4_1 tensors as they are", None, "gguf"),
     "gguf-fp32": Variant("gguf-fp32", "GGUF Q4_1 tensors, fp32 activations", "float32", "gguf"),
+    "gguf-exact": Variant("gguf-exact", "GGUF Q4_1 tensors, exact fp32 products", "float32", "gguf", False),
 }
 BYTES = (
     "bytes of weights read per token at batch 1: every weight of the decoder layers and of the LM head once (the "
@@ -46,11 +51,13 @@ BYTES = (
 
 
 def chosen(text: str, point) -> list[Variant]:
-    """The variants `--variants` names ("all": every one the checkpoint can run; fp32 alone before chapter 13)."""
+    """The variants `--variants` names ("all": every one the checkpoint can run; fp32 alone before chapter 13,
+    gguf-exact from chapter 18)."""
     names = [name for name in text.split(",") if name]
     if unknown := set(names) - {"all", *VARIANTS}:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from all, {', '.join(VARIANTS)}")
     can = list(VARIANTS) if "quantization" in point.capabilities else ["fp32"]
+    can = [name for name in can if name != "gguf-exact" or "integer_dot" in point.capabilities]
     if names == ["all"]:
         return [VARIANTS[name] for name in can]
     if cannot := [name for name in names if name not in can]:

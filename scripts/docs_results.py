@@ -783,19 +783,37 @@ def block_speculative(results: Path, name: str) -> str:
             ]
         )
     s = result["settings"]
-    draft = "the model itself" if s["draft_quantization"] == "none" else f"the same model in {s['draft_quantization']}"
     headings = ["prompts", "batch", "speculation", "output tokens/s", "× no speculation", "tokens per target forward"]
     headings += ["acceptance rate", "mean acceptance length", "same tokens as no speculation"]
     return (
         run_line(result)
-        + f"\n{s['requests']} requests a set, {s['max_tokens']} tokens each (greedy, EOS ignored). *copy*: "
-        'a paragraph of `pydoc_data/topics.py` followed by "The same text, copied exactly:", and a function of '
-        "the standard library followed by a comment announcing it with `x` renamed to `value`, as plain text to "
-        "continue; *random*: offline-cpu's random prompts. n-gram: "
-        f"k = {s['num_speculative_tokens']}, lookup of {s['prompt_lookup_min']} to {s['prompt_lookup_max']} "
-        f"tokens; draft model: {draft}, k = {s['draft_tokens']}. Batch 1 runs "
-        "the requests one at a time; a larger batch, that many in one `generate`.\n\n" + table(headings, rows)
+        + f"\n{s['requests']} requests a set, {s['max_tokens']} tokens each (greedy, EOS ignored). "
+        + speculative_sets(s)
+        + " Batch 1 runs the requests one at a time; a larger batch, that many in one `generate`.\n\n"
+        + table(headings, rows)
     )
+
+
+SPECULATIVE_SETS = {
+    "copy": 'a paragraph of `pydoc_data/topics.py` followed by "The same text, copied exactly:", and a function of '
+    "the standard library followed by a comment announcing it with `x` renamed to `value`, as plain text to "
+    "continue",
+    "chat": 'the paragraphs in a chat turn that asks "Repeat this text exactly:", with the chat template',
+    "random": "offline-cpu's random prompts",
+}
+
+
+def speculative_sets(s: dict) -> str:
+    """What a speculative result's sets of prompts and its methods are, in a few sentences."""
+    sets = "; ".join(f"*{name}*: {SPECULATIVE_SETS[name]}" for name in s.get("sets", ["copy", "random"]))
+    methods = s.get("methods", ["none", "ngram", "draft_model"])
+    ngram = f"n-gram: k = {s['num_speculative_tokens']}, lookup of {s['prompt_lookup_min']} to "
+    ngram += f"{s['prompt_lookup_max']} tokens"
+    if "ngram-fixed" in methods:
+        ngram += " (*n-gram*: each sequence asks for as many drafts as its last verify step earned; *k every step*: k)"
+    draft = "the model itself" if s["draft_quantization"] == "none" else f"the same model in {s['draft_quantization']}"
+    more = f"; draft model: {draft}, k = {s['draft_tokens']}" if "draft_model" in methods else ""
+    return f"{sets}. {ngram}{more}."
 
 
 def block_structured(results: Path, name: str) -> str:

@@ -390,6 +390,30 @@ def test_variants_are_chosen_by_what_the_checkpoint_can_do():
         variants.chosen("int3", latest)
     assert [v.name for v in variants.chosen("all", latest)] == list(variants.VARIANTS)
     assert variants.VARIANTS["int4"].engine_options() == {"quantization": "int4"}
+    assert variants.VARIANTS["gguf-exact"].engine_options() == {"quantization": "gguf", "int8_activations": False}
+    before_integer_dot = chapters.checkpoint(17)
+    assert "gguf-exact" not in [v.name for v in variants.chosen("all", before_integer_dot)]
+    with pytest.raises(SystemExit, match="not gguf-exact"):
+        variants.chosen("gguf-exact", before_integer_dot)
+
+
+@pytest.mark.workload("speculative")
+def test_speculative_sets_and_methods_on_a_chosen_checkpoint(tiny_gqa, tmp_path):
+    """The latest checkpoint, the chat set beside the others, n-gram with and without chapter 18's pace: every
+    row's greedy tokens those of the row without speculation; the pace proposes no more drafts than k every
+    step; the docs block names the sets and both n-gram rows."""
+    argv = ["--checkpoint", "18", "--batch", "1", "--sets", "copy,chat,random", "--methods", "none,ngram,ngram-fixed"]
+    result = run_quick("speculative", tiny_gqa, tmp_path, *argv)
+    assert result["checkpoint"] == chapters.checkpoint(18).module
+    rows = {(row["method"], row["set"]): row for row in result["rows"]}
+    assert set(rows) == {(m, name) for m in ("none", "ngram", "ngram-fixed") for name in ("copy", "chat", "random")}
+    assert all("error" not in row and row["identical"] for row in rows.values())
+    for name in ("copy", "chat", "random"):
+        assert rows["ngram", name]["num_draft_tokens"] <= rows["ngram-fixed", name]["num_draft_tokens"]
+    assert result["speculative_configs"]["ngram-fixed"]["adaptive_draft_length"] is False
+    assert "adaptive_draft_length" not in result["speculative_configs"]["ngram"]
+    block = load_docs_results().block_speculative(tmp_path, "speculative.json")
+    assert "*chat*:" in block and "| chat | 1 | n-gram, k every step |" in block and "draft model" not in block
 
 
 @pytest.mark.workload("chapters")
