@@ -19,9 +19,10 @@ SmolLM2's heads, blocks of 16 in shuffled order, a pool per layer: ms for all th
 keys and values read per second. A step's time at a row count is
 the sum over a decoder layer's shapes times the layers, plus the LM head. A kernel's crossover is the smallest
 measured row count at which the dense kernel of its activation dtype takes less time for a step: below it, the
-kernel is the faster one. The machine description lists the CPU's vector and matrix extensions (`cpu_flags`).
+kernel is the faster one. The machine description lists the CPU's vector and matrix extensions (`cpu_flags`);
+`cpu_level`, the level the checkpoint's C kernels ran at (ROSELLM_CPU_FEATURES masks it) and PyTorch's own.
 
-    python -m benchmarks quant-kernels [--rows 1,4,16] [--quick]
+    python -m benchmarks quant-kernels [--checkpoint 13] [--rows 1,4,16] [--quick]
 """
 
 import functools
@@ -33,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-import chapters
 from chapters import submodule
 
 from . import harness
@@ -42,7 +42,7 @@ NAME = "quant-kernels"
 HELP = "chapter 13: ms per layer of dense fp32/bf16, int8pack and int4pack matmuls at 1-64 rows"
 CHAPTER = 13
 
-FULL = {"rows": [1, 2, 4, 8, 16, 32, 64], "copies": 30, "repeats": 5}
+FULL = {"checkpoint": "13", "rows": [1, 2, 4, 8, 16, 32, 64], "copies": 30, "repeats": 5}
 FULL |= {"attention_batches": [1, 16, 64], "attention_context": [128, 640]}
 QUICK = {"rows": [1, 4], "copies": 2, "repeats": 2, "attention_batches": [1, 4], "attention_context": [8, 40]}
 ATTENTION = ("compiled", "C kernel")  # decode attention's two ways
@@ -75,7 +75,9 @@ def shapes(config) -> list[dict]:
 
 
 def measure(args, s: dict) -> dict:
-    point = chapters.checkpoint(CHAPTER)
+    point = harness.named_checkpoint(s["checkpoint"])
+    if point.number < CHAPTER:
+        raise SystemExit(f"quant-kernels times chapter {CHAPTER}'s kernels on; --checkpoint: chapter {point.number}")
     config = harness.model_config(args.model)
     spec = dict(module=point.module, threads=args.threads, shapes=shapes(config))
     spec |= dict(rows=s["rows"], copies=s["copies"], repeats=s["repeats"])
@@ -84,7 +86,8 @@ def measure(args, s: dict) -> dict:
     timed = harness.run_process(argv, spec, "quant kernels", harness.python_environment())
     rows = timed.get("rows", [])
     per_step = step_times(rows, spec["shapes"])
-    out = dict(settings=s, checkpoint=point.module, shapes=spec["shapes"], rows=rows, per_step=per_step)
+    out = dict(settings=s, checkpoint=point.module, cpu_level=timed.get("cpu_level"), shapes=spec["shapes"])
+    out |= dict(rows=rows, per_step=per_step)
     out |= dict(attention_shape=spec["heads"], attention=timed.get("attention", []))
     errors = timed.get("errors", []) + ([timed["error"]] if "error" in timed else [])
     out |= dict(crossover_rows=crossovers(per_step), errors=errors)
@@ -219,6 +222,16 @@ def attend_layer(attend, query, tables, seq_lens, pool: tuple):
     return attend(query, *pool, tables, seq_lens)
 
 
+def cpu_level(module: str) -> dict:
+    """The CPU level the checkpoint's C kernels run at (ROSELLM_CPU_FEATURES's, `masked`, else the CPU's own,
+    `native`) and the one PyTorch's own kernels run at (`torch`: the variable does not mask them)."""
+    import torch
+
+    features = submodule(module, "cpu_features")
+    level = dict(level=features.level(), native=features.native_level(), masked=features.masked())
+    return level | {"torch": torch.backends.cpu.get_cpu_capability()}
+
+
 def main(spec_path: str, out_path: str) -> None:
     import torch
 
@@ -226,7 +239,7 @@ def main(spec_path: str, out_path: str) -> None:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     with torch.inference_mode():
-        result = time_kernels(spec) | {"attention": time_attention(spec)}
+        result = time_kernels(spec) | {"attention": time_attention(spec), "cpu_level": cpu_level(spec["module"])}
     Path(out_path).write_text(json.dumps(result))
 
 
