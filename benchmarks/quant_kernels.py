@@ -206,7 +206,8 @@ def kernel_groups(absent: dict) -> list[dict]:
 
 def choices(rows: list[dict], all_shapes: list[dict], groups: list[dict]) -> list[dict]:
     """Per group of `kernel_groups` and row count: the candidate that takes least time for a whole step, the one the
-    layer's forward ran (one name where every shape agrees), its step's ms and how many times the fastest's."""
+    layer's forward ran (one name where every shape agrees), its step's ms and how many times the fastest's that
+    is, and the layer's own step time (`choice_ms`: the pick and the layer's code around it)."""
     counts = {shape["name"]: shape["per_step"] for shape in all_shapes}
     ms = {(r["kernel"], r["activation"], r["shape"], r["rows"]): r["ms_per_matrix"] * counts[r["shape"]] for r in rows}
 
