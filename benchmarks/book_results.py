@@ -12,7 +12,8 @@ one group (a page that quotes two labels its numbers with their runs):
 
     foundations   chapters 01-10: the decode loop to the server, rosellm alone
     cpu           chapters 11-13: the CPU fast path, tensor parallelism, weight formats; vLLM and llama.cpp
-    features      chapters 14-16: the latest engine at batch 1, speculation, grammars, the split server; vLLM
+    features      chapters 14-18: the latest engine at batch 1, speculation, grammars, the split server;
+                  chapter 18's kernels at three CPU levels; vLLM
 
 `--list` prints the groups, their files and how long each took when it was last measured. The peers a group
 needs are installed before its run starts (once: llama.cpp compiles for about 15 minutes); `--without-peers`
@@ -67,6 +68,8 @@ class Job:
         return words[words.index("--peers") + 1].split(",") if "--peers" in words else []
 
 
+# chapter 18's kernels at every row count its thresholds (PLAIN_ROWS, INTEGER_DOT_ROWS) lie between, per CPU level
+KERNEL_CHOICE = "quant-kernels --checkpoint 18 --rows 1,2,3,4,8,16,32,64"
 GROUPS = {
     "foundations": [
         Job("decode_scaling_ch01.json", "decode-scaling --checkpoint 1", "decode_scaling_ch01.png"),
@@ -126,6 +129,9 @@ GROUPS = {
             "speculative --checkpoint 18 --batch 1 --requests 4 --sets copy,chat,random "
             "--methods none,ngram,ngram-fixed,draft_model",
         ),
+        Job("quant_kernels_ch18.json", KERNEL_CHOICE),
+        Job("quant_kernels_ch18_avx2.json", KERNEL_CHOICE, cpu_level="avx2"),
+        Job("quant_kernels_ch18_avx512.json", KERNEL_CHOICE, cpu_level="avx512"),
     ],
 }
 

@@ -18,6 +18,8 @@ A line of its own in a page
     <!-- measured: batch-one FILE.json -->                     chapter 13: every weight format and peer at batch 1
     <!-- measured: quant-kernels FILE.json -->                 chapter 13: the linear kernels at 1 to 64 rows
     <!-- measured: decode-attention FILE.json -->              chapter 13: decode attention, compiled and in C
+    <!-- measured: kernel-choice FILE.json -->                 chapter 18: per format and rows, the fastest kernel
+                                                               and the one the checkpoint picks, at one CPU level
     <!-- measured: perplexity FILE.json -->                    chapter 13: perplexity and greedy agreement per format
     <!-- measured: speculative FILE.json -->                   chapter 14: speculation's speed, acceptance, tokens
     <!-- measured: structured FILE.json -->                    chapter 15: the grammar's cost per step, compiling
@@ -724,6 +726,45 @@ def block_decode_attention(results: Path, name: str) -> str:
     )
 
 
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def block_kernel_choice(results: Path, name: str) -> str:
+    """quant-kernels from chapter 18 on, at one CPU level: per row count (rows) and weight format on an activation
+    dtype (columns), the kernel that takes least time for a step, and the one the checkpoint picks where it is
+    another, with how many times the fastest's time it takes."""
+    result = load(results, name)
+    groups = [(g["weights"], g["activation"]) for g in result["groups"]]
+    found = {(c["weights"], c["activation"], c["rows"]): c for c in result["choice"]}
+
+    def cell(choice: dict | None) -> str:
+        if choice is None:
+            return "–"
+        fastest = f"{choice['fastest']}, {choice['fastest_ms']:.1f} ms"
+        picked = choice["pick"] == choice["fastest"]
+        return fastest + (" ✓" if picked else f"; picks **{choice['pick']}**: {choice['pick_vs_fastest']:.2f}×")
+
+    counts = sorted({c["rows"] for c in result["choice"]})
+    rows = [[str(n)] + [cell(found.get((w, a, n))) for w, a in groups] for n in counts]
+    headings = ["rows"] + [f"{w} weights, {SHORT_DTYPES[a]} activations" for w, a in groups]
+    absent = "".join(f" Not run at this level: {kernel} ({why})." for kernel, why in result["absent"].items())
+    return (
+        run_line(result)
+        + f"\n{cpu_level_words(result['cpu_level'])} The kernel that multiplies every matrix of one step of SmolLM2 "
+        "in the least time (ms) at each number of rows, per weight format and activation dtype: ✓ where the "
+        "checkpoint picks it, else the kernel it picks and how many times the fastest's time that takes."
+        + absent
+        + "\n\n"
+        + table(headings, rows)
+    )
+
+
+def cpu_level_words(level: dict) -> str:
+    """The CPU level a run's C kernels were built for, and PyTorch's own kernels' (which the mask leaves)."""
+    where = f"ROSELLM_CPU_FEATURES on a CPU of level {level['native']}" if level["masked"] else "the CPU's own"
+    return f"CPU level **{level['level']}** ({where}; PyTorch's own kernels at {level['torch']})."
+
+
 def block_perplexity(results: Path, name: str) -> str:
     result = load(results, name)
     rows = []
@@ -908,6 +949,7 @@ BLOCKS = {
     "batch-one": block_batch_one,
     "quant-kernels": block_quant_kernels,
     "decode-attention": block_decode_attention,
+    "kernel-choice": block_kernel_choice,
     "perplexity": block_perplexity,
     "speculative": block_speculative,
     "structured": block_structured,

@@ -245,6 +245,111 @@ def test_quant_kernels_quick(tiny_gqa, tmp_path):
     }
     assert all(r["ms_per_step"] > 0 and r["gb_per_s"] > 0 and 8 * r["batch"] <= r["keys"] for r in attention.values())
     assert result["attention_shape"]["layers"] == harness.model_config(tiny_gqa).num_hidden_layers
+    assert result["checkpoint"] == chapters.checkpoint(13).module and "choice" not in result
+    assert result["cpu_level"]["level"] in chapters.submodule(result["checkpoint"], "cpu_features").LEVELS
+
+
+# the kernel a chapter 18 layer runs at 1, 4 and 64 rows, per weight format and activation dtype, where the CPU
+# level packs bf16 weights (elsewhere "bf16 plain" for "bf16 packed"): PLAIN_ROWS, INTEGER_DOT_ROWS, SMALL_BATCH_ROWS
+# and HALVES_ROWS lie between them
+PICKS = {
+    ("fp32", "float32"): ["fp32 plain", "fp32 packed", "fp32 packed"],
+    ("Q4_1", "float32"): ["Q4_1 integer dot", "Q4_1 integer dot", "fp32 plain"],  # the dense copy as it is
+    ("Q8_0", "float32"): ["Q8_0 integer dot", "Q8_0 integer dot", "fp32 plain"],
+    ("bf16", "bfloat16"): ["bf16 packed", "bf16 packed", "bf16 packed"],
+    ("Q4_1", "bfloat16"): ["Q4_1 int4pack", "Q4_1 int4pack", "bf16 plain"],
+    ("Q8_0", "bfloat16"): ["Q8_0 int4pack halves", "Q8_0 int4pack halves", "bf16 plain"],
+}
+CHOICE_ROWS = (1, 4, 64)
+
+
+@pytest.mark.workload("quant-kernels")
+@pytest.mark.cpu_features
+@pytest.mark.parametrize("level", ["as set", "avx2"])
+def test_quant_kernels_quick_from_chapter_18_names_the_fastest_kernel_and_the_pick(
+    level, tiny_gqa, tmp_path, monkeypatch
+):
+    """Chapter 18's kernels at the level the suite runs at and at AVX2: every format's candidates and its layer's
+    own forward, measured on every shape; per format and rows, the fastest is one of its candidates and the pick
+    is the kernel the layer's rule names, never faster; the kernel-choice block renders the result."""
+    if level != "as set":
+        monkeypatch.setenv("ROSELLM_CPU_FEATURES", level)
+    point = chapters.checkpoint(18)
+    features = chapters.submodule(point.module, "cpu_features")
+    packs_bf16 = chapters.submodule(point.module, "packed_linear").can_pack(torch.empty(1, 1, dtype=torch.bfloat16))
+    rows = ",".join(map(str, CHOICE_ROWS))
+    result = run_quick("quant-kernels", tiny_gqa, tmp_path, "--checkpoint", "18", "--rows", rows)
+    assert result["checkpoint"] == point.module and result["errors"] == [] and "crossover_rows" not in result
+    at = dict(level=features.level(), native=features.native_level(), masked=features.masked())
+    assert result["cpu_level"] == at | {"torch": torch.backends.cpu.get_cpu_capability()}
+    assert list(result["absent"]) == ([] if packs_bf16 else ["bf16 packed"])
+    check_every_kernel_measured(result)
+    check_the_choice(result)
+    for (weights, activation), picks in PICKS.items():
+        expected = [pick if packs_bf16 else pick.replace("bf16 packed", "bf16 plain") for pick in picks]
+        assert [
+            c["pick"] for c in result["choice"] if (c["weights"], c["activation"]) == (weights, activation)
+        ] == expected
+    check_the_kernel_choice_block(result, tmp_path)
+
+
+def check_every_kernel_measured(result: dict) -> None:
+    """The groups are the formats in order, each with its candidates (less the absent ones) and its choice,
+    every one timed on every shape at every row count; each choice row names the kernel the layer ran."""
+    qk = quant_kernels_module()
+    assert [(g["weights"], g["activation"]) for g in result["groups"]] == qk.FORMATS
+    measured = {(r["kernel"], r["activation"], r["shape"], r["rows"]) for r in result["rows"]}
+    for g in result["groups"]:
+        assert set(g["kernels"]) == set(qk.candidates(g["weights"], g["activation"])) - set(result["absent"])
+        for kernel in [*g["kernels"], g["choice"]]:
+            expected = {(kernel, g["activation"], shape["name"], n) for shape in result["shapes"] for n in CHOICE_ROWS}
+            assert expected <= measured, kernel
+    assert all(r["ms_per_matrix"] > 0 for r in result["rows"])
+    assert all(r["picked"] for r in result["rows"] if r["kernel"].endswith(" choice"))
+
+
+def check_the_choice(result: dict) -> None:
+    """Per group and rows: the fastest is the candidate of least step time, the pick's time is its kernel's and
+    the ratio pick / fastest is at least 1 (1 where the pick is the fastest); `choice_ms` is the layer's own."""
+    steps = {(p["kernel"], p["activation"], p["rows"]): p["ms"] for p in result["per_step"]}
+    found = {(c["weights"], c["activation"], c["rows"]): c for c in result["choice"]}
+    groups = {(g["weights"], g["activation"]): g for g in result["groups"]}
+    assert list(found) == [(w, a, n) for w, a in groups for n in CHOICE_ROWS]
+    for (weights, activation, n), c in found.items():
+        group = groups[weights, activation]
+        times = {kernel: steps[kernel, activation, n] for kernel in group["kernels"]}
+        assert c["fastest"] in times and c["pick"] in times
+        assert c["fastest_ms"] == pytest.approx(min(times.values()), abs=2e-3)
+        assert c["pick_ms"] == pytest.approx(times[c["pick"]], abs=2e-3) and c["pick_vs_fastest"] >= 1
+        assert c["pick"] != c["fastest"] or c["pick_vs_fastest"] == 1
+        assert c["choice_ms"] == pytest.approx(steps[group["choice"], activation, n], abs=2e-3)
+
+
+def check_the_kernel_choice_block(result: dict, tmp_path: Path) -> None:
+    """`<!-- measured: kernel-choice FILE.json -->` in a page: the CPU level, what did not run, and a row per row
+    count with a cell per group: the fastest kernel, then ✓ where it is the pick, else the pick and its ratio."""
+    docs_results = load_docs_results()
+    results = tmp_path / "book" / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    (results / "kernels.json").write_text(json.dumps(result))
+    config = SimpleNamespace(config_file_path=str(tmp_path / "book" / "mkdocs.yml"))
+    page = SimpleNamespace(file=SimpleNamespace(src_path="page.md"))
+    block = docs_results.on_page_markdown("<!-- measured: kernel-choice kernels.json -->\n", page, config, None)
+    assert block == docs_results.block_kernel_choice(results, "kernels.json") + "\n"
+    level = result["cpu_level"]
+    assert f"CPU level **{level['level']}**" in block and ("ROSELLM_CPU_FEATURES on a CPU" in block) == level["masked"]
+    assert ("Not run at this level: bf16 packed" in block) == ("bf16 packed" in result["absent"])
+    assert "| rows | fp32 weights, fp32 activations | Q4_1 weights, fp32 activations |" in block
+    table = [
+        line.strip("| ").split(" | ") for line in block.splitlines() if line.startswith("| ") and line[2].isdigit()
+    ]
+    assert [cells[0] for cells in table] == [str(n) for n in CHOICE_ROWS]
+    for cells, n in zip(table, CHOICE_ROWS):
+        choices = [c for c in result["choice"] if c["rows"] == n]
+        assert len(cells) == 1 + len(choices)
+        for cell, c in zip(cells[1:], choices):
+            picked = " ✓" if c["pick"] == c["fastest"] else f"; picks **{c['pick']}**: {c['pick_vs_fastest']:.2f}×"
+            assert cell == f"{c['fastest']}, {c['fastest_ms']:.1f} ms{picked}"
 
 
 @pytest.mark.workload("speculative")
@@ -341,6 +446,51 @@ def test_a_step_time_and_the_crossover_from_made_up_timings():
     assert {(p["kernel"], p["rows"]): p["ms"] for p in steps}[("int8pack", 2)] == 4 * 2.5
     assert qk.crossovers(steps) == {"int8pack (float32)": 2}
     assert qk.crossovers([p for p in steps if p["rows"] == 1]) == {"int8pack (float32)": None}
+
+
+@pytest.mark.workload("quant-kernels")
+def test_the_fastest_kernel_and_the_pick_from_made_up_timings():
+    """The fastest is the least time for a whole step (not for one shape), among the candidates measured on every
+    shape; the pick's time is that of the kernels the layer ran, shape by shape; a row count at which one of
+    those was not measured is left out."""
+    qk = quant_kernels_module()
+    shapes = [dict(name="a", per_step=3), dict(name="head", per_step=1)]
+    timings = {  # (kernel, shape) -> ms per matrix at 1 and 2 rows
+        ("fp32 plain", "a"): [1.0, 1.0],
+        ("fp32 plain", "head"): [1.0, 1.0],
+        ("fp32 packed", "a"): [2.0, 0.5],
+        ("fp32 packed", "head"): [0.5, 0.5],
+        ("Q4_1 integer dot", "a"): [0.8, 3.0],
+        ("Q4_1 integer dot", "head"): [9.0],  # not measured at 2 rows
+        ("Q4_1 choice", "a"): [0.9, 3.1],
+        ("Q4_1 choice", "head"): [9.1, 1.1],
+    }
+    picked = {
+        1: {"a": "Q4_1 integer dot", "head": "Q4_1 integer dot"},
+        2: {"a": "Q4_1 integer dot", "head": "fp32 plain"},
+    }
+    rows = [
+        dict(shape=shape, kernel=kernel, activation="float32", rows=n, ms_per_matrix=ms)
+        | ({"picked": picked[n][shape]} if kernel == "Q4_1 choice" else {})
+        for (kernel, shape), times in timings.items()
+        for n, ms in zip((1, 2), times)
+    ]
+    groups = [g for g in qk.kernel_groups({}) if (g["weights"], g["activation"]) == ("Q4_1", "float32")]
+    candidates = ["fp32 plain", "fp32 packed", "Q4_1 integer dot"]
+    assert groups == [dict(weights="Q4_1", activation="float32", kernels=candidates, choice="Q4_1 choice")]
+    one, two = qk.choices(rows, shapes, groups)
+    assert (one["rows"], one["fastest"], one["fastest_ms"]) == (1, "fp32 plain", 4.0)  # not integer dot's 0.8 on `a`
+    assert (one["pick"], one["pick_ms"], one["pick_vs_fastest"], one["choice_ms"]) == (
+        "Q4_1 integer dot",
+        11.4,
+        2.85,
+        11.8,
+    )
+    assert (two["rows"], two["fastest"], two["fastest_ms"]) == (2, "fp32 packed", 2.0)
+    assert (two["pick"], two["pick_ms"], two["pick_vs_fastest"]) == ("Q4_1 integer dot + fp32 plain", 10.0, 5.0)
+    unmeasured = [r for r in rows if (r["kernel"], r["shape"], r["rows"]) != ("fp32 plain", "head", 2)]
+    assert [c["rows"] for c in qk.choices(unmeasured, shapes, groups)] == [1]
+    assert qk.kernel_groups({"bf16 packed": "not at this level"})[3]["kernels"] == ["bf16 plain"]
 
 
 def test_agreement_with_a_baseline():
