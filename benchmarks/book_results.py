@@ -123,7 +123,10 @@ GROUPS = {
             "offline_cpu_ch18_bf16.json",
             "offline-cpu --checkpoint 18 --dtype bfloat16 --engines rosellm --peers vllm",
         ),
-        Job("perplexity_ch18.json", "perplexity --checkpoint 18 --variants fp32,gguf-fp32,gguf-exact"),
+        Job(
+            "perplexity_ch18.json",
+            "perplexity --checkpoint 18 --variants fp32,gguf-fp32,gguf-exact --integer-dot-rows 100000",
+        ),
         Job(
             "speculative_ch18.json",
             "speculative --checkpoint 18 --batch 1 --requests 4 --sets copy,chat,random "

@@ -196,8 +196,13 @@ def compute_dtype(engine) -> str:
 def task_perplexity(spec: dict) -> dict:
     """rosellm's `LLMEngine` (`spec["module"]`, its dtype and engine options) scoring each window of
     `spec["windows"]` in one prompt pass: the negative log-likelihood of each token after the first, given the
-    ones before it (summed per window); then, greedy, the requests of `spec["requests"]`, their tokens kept."""
+    ones before it (summed per window); then, greedy, the requests of `spec["requests"]`, their tokens kept.
+    `spec["integer_dot_rows"]`, if set, replaces chapter 18's `INTEGER_DOT_ROWS` in this process."""
     rosellm = importlib.import_module(spec["module"])
+    if spec.get("integer_dot_rows"):  # chapter 18: up to this many rows take the integer kernel (prompts too)
+        from chapters import submodule
+
+        submodule(spec["module"], "quantized_linear").INTEGER_DOT_ROWS = spec["integer_dot_rows"]
     dtype, options = getattr(torch, spec["dtype"]) if spec.get("dtype") else None, spec.get("engine_options", {})
     engine, load_s = load_timed(lambda: rosellm.LLMEngine(spec.get("model"), "cpu", dtype, **options))
     sums, start = [], time.perf_counter()

@@ -5,13 +5,16 @@ the model's tokenizer; its first `tokens` tokens cut into windows of `window`, e
 prompt pass (`LLMEngine.prompt_logits`). Perplexity = exp(mean negative log-likelihood of every token of a
 window but its first, over all windows), once per weight format of `benchmarks.variants` (fp32, bf16, int8,
 int4 and, on a GGUF model, its own tensors), on the checkpoint `--checkpoint` names (chapter 13's by default;
-from chapter 18, the GGUF tensors on fp32 activations with 8-bit activations and with exact products).
+from chapter 18, the GGUF tensors on fp32 activations with 8-bit activations and with exact products). Chapter
+18's integer kernel serves steps of at most `INTEGER_DOT_ROWS` rows; `--integer-dot-rows N` raises that to N,
+so that prompt passes and large decode batches take it too and the scores show what the 8-bit activations of
+a decode step cost (0: the checkpoint's own threshold).
 
 Then offline-cpu's requests (random prompts, greedy, EOS ignored) through each format: how far its greedy tokens
 follow fp32's (`harness.agreement`: the share of tokens equal at the same position, and for k = 1, 4, 16, 64 the
 share of requests whose first k tokens all equal fp32's).
 
-    python -m benchmarks perplexity [--checkpoint 18] [--variants fp32,int4] [--quick]
+    python -m benchmarks perplexity [--checkpoint 18] [--variants fp32,int4] [--integer-dot-rows 100000] [--quick]
 """
 
 import importlib.util
@@ -24,7 +27,7 @@ NAME = "perplexity"
 HELP = "chapter 13: perplexity on pydoc's topics and greedy agreement with fp32, per weight format"
 CHAPTER = 13
 
-FULL = {"checkpoint": "13", "variants": "all", "tokens": 16384, "window": 512}
+FULL = {"checkpoint": "13", "variants": "all", "tokens": 16384, "window": 512, "integer_dot_rows": 0}
 FULL |= {key: offline_cpu.FULL[key] for key in ("requests", "prompt_len", "max_tokens", "seed")}
 FULL |= {"max_batch_tokens": 2048}
 QUICK = {"tokens": 192, "window": 64, "requests": 4, "prompt_len": [8, 24], "max_tokens": [4, 12]}
@@ -68,6 +71,7 @@ def measure(args, s: dict) -> dict:
     rows, fp32_tokens = [], None
     for variant in chosen:
         spec = dict(module=point.module, model=args.model, threads=args.threads, dtype=variant.dtype)
+        spec["integer_dot_rows"] = s["integer_dot_rows"]
         spec |= dict(engine_options=options | variant.engine_options(), windows=windows, requests=requests)
         r = harness.run_engine("perplexity", spec, f"{harness.rosellm_label(point)}, {variant.label}")
         row = dict(variant=variant.name, label=variant.label, error=r.get("error"))

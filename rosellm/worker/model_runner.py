@@ -61,7 +61,8 @@ class ModelRunner:
     # (new tokens, full blocks cached before them) of each row of a warm-up forward: one decoding sequence,
     # a prompt, two decoding sequences (the decoding graphs attend inside themselves) and mixed batches, so
     # that the three graphs of the step (see `mark_dynamic_sizes`) and the "cpu" backend's decode kernel for
-    # groups of 1 or more rows and table width 1 or more are compiled before the first request
+    # groups of 1 or more rows and table width 1 or more are compiled before the first request; then, for a
+    # backend that attends decoding rows inside the graph up to a bound, one more batch of decoding rows past it
     WARM_UP_BATCHES = (
         ((1, 0),),
         ((1, 1),),
@@ -78,8 +79,11 @@ class ModelRunner:
         Sizes that happen to be equal in one of these forwards must not be compiled as equal (duck shaping
         off)."""
         block_size = self.kv_pool.block_size
+        batches = self.WARM_UP_BATCHES
+        if getattr(self.attention_backend, "graph_decode", None) is not None:
+            batches += (((1, 0),) * (self.attention_backend.graph_decode_rows + 1),)
         with torch.fx.experimental._config.patch(use_duck_shape=False):
-            for rows in self.WARM_UP_BATCHES:
+            for rows in batches:
                 new_lens = [new for new, _ in rows]
                 seq_lens = [cached * block_size + new for new, cached in rows]
                 if blocks_for(max(seq_lens), block_size) > self.max_blocks_per_seq:

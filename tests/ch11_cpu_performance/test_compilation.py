@@ -34,7 +34,8 @@ def test_the_engine_compiles_at_start_and_never_again(checkpoint, tiny_model_dir
     at_start = compiled_graphs() - start
     # Chapter 11: the two halves of a decoder layer for one token and for any number (sizes 0 and 1 are
     # specialized, the others symbolic); the decode kernel for batch and table width each 1 or more. From
-    # chapter 13: the whole step, for one token and for any number; the decode kernel is C, not a graph.
+    # chapter 13: the whole step, for one token and for any number; the decode kernel is C, not a graph. From
+    # chapter 18: the one-token step twice, for the rows it attends inside itself and for more.
     assert 2 <= at_start <= 8, at_start
     serve_batches(llm, checkpoint, [1, 2, 5], prompt_len=3, seed=0)
     serve_batches(llm, checkpoint, [3, 7, 4, 6, 1], prompt_len=9, seed=50)

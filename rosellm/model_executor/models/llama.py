@@ -132,11 +132,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Store the new keys and values in this layer's caches, attend over them: -> [num_tokens, heads,
         head_dim]. One custom operator, run by the backend named in it (inside
-        `attention_layer.forward_context(metadata)`). A step whose every row decodes one token (`decoding`)
-        traced by torch.compile, for a backend that offers a `graph_decode`, is attended inside the graph
-        instead (`attend_decoding_rows`)."""
+        `attention_layer.forward_context(metadata)`). A step whose every row decodes one token (`decoding`),
+        traced by torch.compile for a backend that offers a `graph_decode`, is attended inside the graph
+        instead (`attend_decoding_rows`) when it has at most the backend's `graph_decode_rows` rows (the compiled
+        step then holds a graph for each side of that bound)."""
         if torch.compiler.is_compiling() and decoding and self.backend.graph_decode is not None:
-            return self.attend_decoding_rows(q, k, v, metadata, kv_pool)
+            if q.shape[0] <= self.backend.graph_decode_rows:
+                return self.attend_decoding_rows(q, k, v, metadata, kv_pool)
         return attention_layer.attention(
             q,
             k,
