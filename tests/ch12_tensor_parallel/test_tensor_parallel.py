@@ -88,8 +88,8 @@ def test_bytes_all_reduced_per_step(checkpoint, tiny_model_dirs):
         engine = llm.llm_engine
         config = engine.model.config
         shapes = tp.RankShapes.of(config, 2, 4)
-        engine.add_request("a", prompt(0, 7), checkpoint.SamplingParams(max_tokens=3))
-        engine.add_request("b", prompt(1, 5), checkpoint.SamplingParams(max_tokens=3))
+        engine.add_request("a", prompt(0, 7), checkpoint.SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+        engine.add_request("b", prompt(1, 5), checkpoint.SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
         for num_tokens in (8, 5, 2):  # a's 7 + b's first (budget 8); a's decode + b's last 4; two decodes
             before = tp.comm_stats.calls, tp.comm_stats.bytes
             engine.step()
