@@ -80,7 +80,7 @@ class ModelRunner:
         off)."""
         block_size = self.kv_pool.block_size
         batches = self.WARM_UP_BATCHES
-        if getattr(self.attention_backend, "graph_decode", None) is not None:
+        if self.attention_backend.graph_decode is not None:
             batches += (((1, 0),) * (self.attention_backend.graph_decode_rows + 1),)
         with torch.fx.experimental._config.patch(use_duck_shape=False):
             for rows in batches:

@@ -65,6 +65,10 @@ def test_64_streaming_clients_on_two_cores(checkpoint, checkpoint_info, dp_serve
 
 
 def test_metrics_report_each_core(dp_server):
+    """After one request of its own (the test does not count on the load test having run first)."""
+    body = request_body(1) | {"stream": False}
+    assert httpx.post(f"{dp_server.url}/v1/completions", json=body, timeout=60).status_code == 200
+    dp_server.wait_idle()
     text = httpx.get(f"{dp_server.url}/metrics", timeout=10).text
     for core in (0, 1):
         assert f'rosellm:kv_blocks_free{{engine="{core}"}} ' in text

@@ -46,6 +46,13 @@ def wrong(token: int) -> int:
     return token - 1 if token > 0 else token + 1
 
 
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_adaptive_draft_length_takes_true_or_false_only(checkpoint, value):
+    config = checkpoint.speculative_config.SpeculativeConfig
+    with pytest.raises(ValueError, match="adaptive_draft_length must be True or False"):
+        config.from_dict(NGRAM | {"adaptive_draft_length": value})
+
+
 class ScriptedProposer:
     """Drafts from the plain greedy answer `answer`: the next `right` of them as they are, then wrong ones (the
     answer's neighbour), as many as asked. Records each request's number of drafts."""

@@ -136,9 +136,9 @@ class Attention(nn.Module):
         traced by torch.compile for a backend that offers a `graph_decode`, is attended inside the graph
         instead (`attend_decoding_rows`) when it has at most the backend's `graph_decode_rows` rows (the compiled
         step then holds a graph for each side of that bound)."""
-        if torch.compiler.is_compiling() and decoding and self.backend.graph_decode is not None:
-            if q.shape[0] <= self.backend.graph_decode_rows:
-                return self.attend_decoding_rows(q, k, v, metadata, kv_pool)
+        in_graph = decoding and self.backend.graph_decode is not None and q.shape[0] <= self.backend.graph_decode_rows
+        if torch.compiler.is_compiling() and in_graph:
+            return self.attend_decoding_rows(q, k, v, metadata, kv_pool)
         return attention_layer.attention(
             q,
             k,
