@@ -89,7 +89,7 @@ GROUPS = {
         Job("offline_cpu.json", "offline-cpu --checkpoint 11 --peers vllm,llamacpp", "offline_cpu.png"),
         Job(
             "offline_cpu_bf16.json",
-            "offline-cpu --dtype bfloat16 --engines rosellm --peers vllm",
+            "offline-cpu --checkpoint 16 --dtype bfloat16 --engines rosellm --peers vllm",
             "offline_cpu_bf16.png",
         ),
         Job("latency_cpu_ch11.json", "latency-cpu --checkpoint 11 --peers vllm,llamacpp"),
@@ -100,7 +100,11 @@ GROUPS = {
         Job("perplexity.json", "perplexity", "ch13_perplexity.png"),
     ],
     "features": [
-        Job("latency_cpu.json", "latency-cpu --peers vllm,vllm-bf16,llamacpp,llamacpp-q4_1", "latency_cpu.png"),
+        Job(
+            "latency_cpu.json",
+            "latency-cpu --checkpoint 16 --peers vllm,vllm-bf16,llamacpp,llamacpp-q4_1",
+            "latency_cpu.png",
+        ),
         Job("speculative.json", "speculative --peers vllm", "ch14_speculative.png"),
         Job("structured.json", "structured --peers vllm", "ch15_structured.png"),
         Job("serve_ch16.json", "serve --rosellm in-process,split,dp2 --peers vllm --rates 0.5,1,2", "ch16_serve.png"),
