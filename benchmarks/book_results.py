@@ -14,6 +14,8 @@ one group (a page that quotes two labels its numbers with their runs):
     cpu           chapters 11-13: the CPU fast path, tensor parallelism, weight formats; vLLM and llama.cpp
     features      chapters 14-18: the latest engine at batch 1, speculation, grammars, the split server;
                   chapter 18's kernels at three CPU levels; vLLM
+    avx2-cpu      chapter 18 on a CPU with AVX2 and no AVX-512 (refused on any other): its kernels, batch 1
+                  beside llama.cpp and many sequences beside vLLM
 
 `--list` prints the groups, their files and how long each took when it was last measured. The peers a group
 needs are installed before its run starts (once: llama.cpp compiles for about 15 minutes); `--without-peers`
@@ -140,7 +142,38 @@ GROUPS = {
         Job("quant_kernels_ch18_avx2.json", KERNEL_CHOICE, cpu_level="avx2"),
         Job("quant_kernels_ch18_avx512.json", KERNEL_CHOICE, cpu_level="avx512"),
     ],
+    "avx2-cpu": [
+        Job(
+            "latency_cpu_ch18_avx2_cpu.json",
+            "latency-cpu --checkpoint 18 --variants fp32,gguf-fp32,bf16 --peers llamacpp,llamacpp-q4_1",
+        ),
+        Job("offline_cpu_ch18_avx2_cpu.json", "offline-cpu --checkpoint 18 --engines rosellm --peers vllm"),
+        Job("quant_kernels_ch18_avx2_cpu.json", KERNEL_CHOICE),
+    ],
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Cpu:
+    """The kind of CPU a group measures: its files' names say so, so its run refuses any other."""
+
+    says: str
+    needs: frozenset[str]  # lscpu flags it must have
+    lacks: frozenset[str]  # and must not
+
+    def fits(self, flags: set[str]) -> bool:
+        return self.needs <= flags and not self.lacks & flags
+
+
+GROUP_CPUS = {"avx2-cpu": Cpu("AVX2 and no AVX-512", frozenset({"avx2"}), frozenset({"avx512f"}))}
+
+
+def other_cpu(name: str) -> str | None:
+    """Why group `name` cannot be measured here (it measures another kind of CPU), or None."""
+    cpu, flags = GROUP_CPUS.get(name), set((lscpu()["flags"] or "").split())
+    if cpu and not cpu.fits(flags):
+        return f"the {name} group measures a CPU with {cpu.says}; this one is {lscpu()['model_name']}"
+    return None
 
 
 def groups() -> dict[str, list[Job]]:
@@ -224,7 +257,13 @@ def main(argv: list[str]) -> None:
     if args.list:
         print(describe_groups())
         return
-    chosen = {name: groups()[name] for name in args.group or GROUPS}
+    names = args.group or list(GROUPS)
+    refused = {name: why for name in names if (why := other_cpu(name))}
+    if args.group and refused:
+        raise SystemExit("; ".join(refused.values()))
+    for why in refused.values():
+        print(f"skipped: {why}")
+    chosen = {name: groups()[name] for name in names if name not in refused}
     if args.only:
         known = {job.file for jobs in chosen.values() for job in jobs}
         if unknown := sorted(set(args.only) - known):

@@ -1014,6 +1014,29 @@ def test_a_job_at_a_lower_cpu_level_names_a_level_and_shows_it_in_its_command():
         assert all(job.cpu_level in cpu_features.LEVELS for job in masked)
 
 
+def test_a_group_of_one_kind_of_cpu_is_refused_on_another_and_skipped_from_a_full_run(monkeypatch, capsys):
+    """avx2-cpu's files say they come from a CPU with AVX2 and no AVX-512: named on a CPU with AVX-512 its run
+    stops before measuring anything; a run of every group passes over it and says so."""
+    from benchmarks import book_results
+
+    cpu = book_results.GROUP_CPUS["avx2-cpu"]
+    assert cpu.fits({"sse4_2", "avx2", "fma"}) and not cpu.fits({"avx2", "avx512f"}) and not cpu.fits({"sse4_2"})
+    avx512 = {"model_name": "a CPU with AVX-512", "flags": "sse4_2 avx2 avx512f avx512bw"}
+    monkeypatch.setattr(book_results, "lscpu", lambda: avx512)
+    ran = []
+    monkeypatch.setattr(book_results, "run_group", lambda name, jobs, args: ran.append(name))
+    monkeypatch.setattr(book_results, "install_peers", lambda jobs: None)
+    with pytest.raises(SystemExit, match="avx2-cpu group measures a CPU with AVX2 and no AVX-512; this one is a CPU"):
+        book_results.main(["--group", "avx2-cpu"])
+    assert ran == []
+    book_results.main([])
+    assert "avx2-cpu" not in ran and ran == [name for name in book_results.GROUPS if name != "avx2-cpu"]
+    assert "skipped: the avx2-cpu group" in capsys.readouterr().out
+    monkeypatch.setattr(book_results, "lscpu", lambda: {"model_name": "AMD EPYC", "flags": "sse4_2 avx2 fma"})
+    book_results.main(["--group", "avx2-cpu"])
+    assert ran[-1] == "avx2-cpu"
+
+
 def test_a_result_measured_at_a_lower_cpu_level_says_so_in_its_command(monkeypatch):
     argv = ["benchmarks", "latency-cpu", "--quick", "--json", "out.json", "--figure", "out.png"]
     monkeypatch.setattr(sys, "argv", argv)
