@@ -78,7 +78,7 @@ bench-peers: $(STAMP)
 	$(PY) -m benchmarks latency-cpu --peers vllm,vllm-bf16,llamacpp,llamacpp-q4_1
 	$(PY) -m benchmarks speculative --peers vllm
 	$(PY) -m benchmarks structured --peers vllm
-	$(PY) -m benchmarks serve --rosellm in-process,split,dp2 --peers vllm --rates 0.5,1,2
+	$(PY) -m benchmarks serve --rosellm in-process,split,dp2 --peers vllm --rates 0.25,0.5,1,2 --clients 64
 
 # Every result file the book quotes, measured again in three group runs (foundations, cpu, features), each
 # with a manifest in benchmarks/results/runs/ (about three hours on 2 cores, the peers included; run it on an

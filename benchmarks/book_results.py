@@ -109,7 +109,11 @@ GROUPS = {
         ),
         Job("speculative.json", "speculative --peers vllm", "ch14_speculative.png"),
         Job("structured.json", "structured --peers vllm", "ch15_structured.png"),
-        Job("serve_ch16.json", "serve --rosellm in-process,split,dp2 --peers vllm --rates 0.5,1,2", "ch16_serve.png"),
+        Job(
+            "serve_ch16.json",
+            "serve --rosellm in-process,split,dp2 --peers vllm --rates 0.25,0.5,1,2 --clients 64",
+            "ch16_serve.png",
+        ),
         Job(
             "latency_cpu_ch18.json",
             "latency-cpu --variants fp32,gguf,gguf-fp32,bf16 --peers llamacpp,llamacpp-q4_1",

@@ -38,7 +38,12 @@ rates, also serves a few requests one after another, none overlapping (`tpot_alo
 offline step, what the server itself adds to each token. Without `--json` and `--figure`, such a run writes
 results/serve_ch16.json and figures/ch16_serve.png, whose figure is the inter-token latency per server.
 
-    python -m benchmarks serve [--rosellm ch10,in-process,split,dp2] [--peers vllm] [--rates 0.5,1,2] [--quick]
+`--clients N` adds a stress test after the rates: N clients, each sending its next request as soon as its last
+one has ended (a closed loop, no arrival schedule), until `stress_requests` requests (of the same kind, seeded
+apart) are served: the most each server gets through when it is never idle, with N more than it batches.
+
+    python -m benchmarks serve [--rosellm ch10,in-process,split,dp2] [--peers vllm] [--rates 0.5,1,2]
+                               [--clients 64] [--quick]
 """
 
 import asyncio
@@ -73,8 +78,9 @@ FORMS = {
 
 FULL = {"rates": [0.25, 0.5, 1.0, 2.0], "requests": 32, "prompt_len": [32, 256], "max_tokens": [16, 64], "seed": 0}
 FULL |= {"ttft_slo_s": 2.0, "tpot_slo_s": 0.2, "max_num_seqs": 32, "warmup": 2, "alone": 4, "offline_rows": [1, 2, 4]}
+FULL |= {"stress_requests": 128}
 QUICK = {"rates": [4.0, 16.0], "requests": 6, "prompt_len": [8, 24], "max_tokens": [3, 8], "warmup": 1, "alone": 1}
-QUICK |= {"offline_rows": [1]}
+QUICK |= {"offline_rows": [1], "stress_requests": 6}
 
 MODEL_NAME = "bench"  # the name both servers serve the model under
 STEP_TOKENS = 2048  # rosellm's step budget with chunked prefill (its server's default), given to vLLM too
@@ -93,6 +99,8 @@ COLUMNS = {"server": "server", "rate": "req/s in", "done": "done", "ttft_p50": "
 COLUMNS |= {"ttft_p99": "p99", "tpot_p50": "TPOT p50 ms", "tpot_p90": "p90", "itl_p99": "ITL p99 ms"}
 COLUMNS |= {"request_throughput": "req/s out", "output_tokens_per_s": "tok/s", "goodput_pct": "goodput %"}
 STEP_COLUMNS = {"tpot_over_offline_step": "TPOT p50 / offline step", "engine_step_ms": "engine step ms"}
+STRESS_COLUMNS = {"server": "server", "done": "done", "request_throughput": "req/s", "output_tokens_per_s": "tok/s"}
+STRESS_COLUMNS |= {"ttft_p50": "TTFT p50 s", "tpot_p50": "TPOT p50 ms", "engine_step_ms": "engine step ms"}
 
 
 def add_arguments(parser) -> None:
@@ -103,9 +111,14 @@ def add_arguments(parser) -> None:
         help="rosellm's servers, comma-separated: ch10 (chapter 10's checkpoint), in-process, split, dp2 (the "
         "latest package's server: engine in its process, one engine core, two engine cores)",
     )
+    parser.add_argument(
+        "--clients", type=int, default=0, help="after the rates, this many clients in a closed loop (0: none)"
+    )
 
 
 def run(args, s: dict) -> dict:
+    if args.clients < 0:
+        raise SystemExit(f"serve: --clients {args.clients}: a number of clients, 0 for no stress test")
     chosen = peers.named(args.peers)
     if any(peer.name != "vllm" for peer in chosen):
         raise SystemExit("serve: of the peers, only vllm's OpenAI server is measured")
@@ -335,6 +348,23 @@ async def send_all(url: str, requests: list[tuple], arrivals: list[float]) -> li
         return await asyncio.gather(*tasks)
 
 
+async def closed_loop(url: str, requests: list[tuple], clients: int) -> list[dict]:
+    """`clients` clients, each sending the next of `requests` as soon as its last one has ended, until none is
+    left; every request's times from the first send."""
+    import httpx
+
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30)
+    upcoming = iter(requests)  # shared: each client takes the next one
+
+    async def one_client(client, t0: float) -> list[dict]:
+        return [await one_request(client, url, prompt, tokens, 0.0, t0) for prompt, tokens in upcoming]
+
+    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
+        t0 = time.perf_counter()
+        done = await asyncio.gather(*(one_client(client, t0) for _ in range(clients)))
+    return [request for mine in done for request in mine]
+
+
 def percentiles(values: list[float], digits: int = 6) -> dict:
     return {f"p{q}": None if not values else round(harness.percentile(values, q), digits) for q in (50, 90, 99)}
 
@@ -402,6 +432,17 @@ def serve_schedule(server: Server, info: dict, work: list, warmup: list, alone: 
     return by_itself, rows
 
 
+def stress(server: Server, info: dict, stress_work: tuple[int, list], s: dict) -> dict:
+    """The closed-loop stress test's row: `clients` clients through the requests of `stress_work`."""
+    clients, requests = stress_work
+    print(f"{server.name}: {len(requests)} requests from {clients} clients in a closed loop", flush=True)
+    before = engine_steps(server)
+    done = asyncio.run(closed_loop(server.url, requests, clients))
+    row = {"server": server.name, "label": info["label"], "clients": clients} | summarize(done, None, s)
+    del row["rate"], row["offered_rate"], row["texts"]
+    return row | mean_step(before, engine_steps(server))
+
+
 def engine_steps(server: Server) -> tuple[float, float] | None:
     """(seconds, steps) of the engine's steps so far, from the server's `rosellm:engine_step_seconds`
     histogram (chapter 16's servers time each step where it runs); None where the server has no such metric."""
@@ -431,25 +472,32 @@ def measure(args, s: dict, forms: list[str], chosen: list) -> dict:
     alone = harness.random_requests(
         s["alone"], [sum(s["prompt_len"]) // 2] * 2, [s["max_tokens"][1]] * 2, vocab, s["seed"] + 4
     )
-    longest = max(len(p) + m for _, requests, _ in work for p, m in requests + warmup + alone)
+    stress_requests = harness.random_requests(
+        s["stress_requests"], s["prompt_len"], s["max_tokens"], vocab, s["seed"] + 5000
+    )
+    stress_work = (args.clients, stress_requests) if args.clients else None
+    longest = max(len(p) + m for _, requests, _ in work for p, m in requests + warmup + alone + stress_requests)
     steps = [offline_step(args, s, vocab, longest, rows) for rows in s["offline_rows"]] if forms != ["ch10"] else []
     step = steps[0] if steps else None
-    servers, runs = [], []
+    servers, runs, stresses = [], [], []
     with tempfile.TemporaryDirectory(prefix="rosellm-serve-") as tmp:
         # each server is made (its port picked) only when the one before it has stopped
         makers = [functools.partial(rosellm_server, args, s, form, longest, Path(tmp)) for form in forms]
         makers += [functools.partial(vllm_server, args, s, peer, longest, Path(tmp)) for peer in chosen]
         for make in makers:
-            servers.append(measure_server(*make(), work, warmup, alone, s, runs))
+            servers.append(measure_server(*make(), work, warmup, alone, s, runs, stress_work, stresses))
     agreement = same_texts(runs)
     ours = {FORMS[form][0] for form in forms}
     correct = all(
         [r["rate"] for r in runs if r["server"] == name] == s["rates"]
-        and all(r["failed"] == 0 for r in runs if r["server"] == name)
+        and all(r["failed"] == 0 for r in runs + stresses if r["server"] == name)
+        and (not stress_work or any(r["server"] == name for r in stresses))
         for name in ours
     )
     named = dict(rosellm=forms, peers=[p.name for p in chosen], threads=args.threads, step_tokens=STEP_TOKENS)
+    named |= {"clients": args.clients}
     out = dict(settings=s | named | {"model_name": MODEL_NAME}, servers=servers, runs=runs)
+    out |= {"stress": stresses} if stress_work else {}
     if step is not None:
         for r in runs:
             r["tpot_over_offline_step"] = (
@@ -478,8 +526,11 @@ def same_texts(runs: list[dict]) -> dict:
     return out
 
 
-def measure_server(server: Server, info: dict, work: list, warmup: list, alone: list, s: dict, runs: list) -> dict:
-    """Start the server, run every rate's schedule (rows appended to `runs`), stop it; what it was and did."""
+def measure_server(
+    server: Server, info: dict, work: list, warmup: list, alone: list, s: dict, runs: list, stress_work, stresses
+) -> dict:
+    """Start the server, run every rate's schedule (rows appended to `runs`) and the stress test if there is one
+    (its row to `stresses`), stop it; what it was and did."""
     print(f"--- {info['label']}: starting its server on port {server.port}", flush=True)
     record = {"server": server.name} | info
     try:
@@ -491,6 +542,8 @@ def measure_server(server: Server, info: dict, work: list, warmup: list, alone: 
             by_itself, rows = serve_schedule(server, info, work, warmup, alone, s)
             record |= by_itself
             runs += rows
+            if stress_work:
+                stresses.append(stress(server, info, stress_work, s))
     except ServerError as error:
         record["error"] = str(error)
         print(f"{server.name}: {error}", file=sys.stderr, flush=True)
@@ -525,11 +578,23 @@ def table_rows(result: dict) -> list[dict]:
     return rows
 
 
+def stress_rows(result: dict) -> list[dict]:
+    rows = []
+    for r in result.get("stress", []):
+        row = dict(server=r["server"], done=f"{r['completed']}/{r['requests']}", ttft_p50=r["ttft_s"]["p50"])
+        row |= dict(tpot_p50=r["tpot_s"]["p50"] and 1000 * r["tpot_s"]["p50"])
+        rows.append(row | {key: r.get(key) for key in ("request_throughput", "output_tokens_per_s", "engine_step_ms")})
+    return rows
+
+
 def report(result: dict) -> None:
     s = result["settings"]
     print(f"\nserve: goodput targets TTFT <= {s['ttft_slo_s']} s and TPOT <= {s['tpot_slo_s']} s")
     step = result.get("offline_step")
     harness.print_table(table_rows(result), COLUMNS | (STEP_COLUMNS if step else {}))
+    if result.get("stress"):
+        print(f"\nstress: {s['clients']} clients in a closed loop through {s['stress_requests']} requests")
+        harness.print_table(stress_rows(result), STRESS_COLUMNS)
     if step:
         ms = "failed: " + step["error"] if step.get("error") else f"{step['ms']:.1f} ms"
         print(f"offline decode step, batch 1 ({step['prompt_len']}-token prompt, {step['max_tokens']} tokens): {ms}")

@@ -453,6 +453,7 @@ def block_serve(results: Path, name: str) -> str:
         table(headings, rows)
         + "\n"
         + serve_breakdown(result)
+        + serve_stress(result, labels)
         + f"{s['requests']} requests per rate arriving as a Poisson process, prompts of {low}–{high} random tokens, "
         f"{fewest}–{most} output tokens each (greedy, EOS ignored), streamed over HTTP to one asyncio client on "
         f"the same machine; {model}{served}. TTFT: from sending to the first chunk; TPOT: the time per output "
@@ -484,6 +485,33 @@ def serve_breakdown(result: dict) -> str:
         f"**{together} ms**. A server's TPOT alone against the offline step is what the server adds to each "
         "token by itself; its TPOT under arrivals against the steps of several rows is what overlapping "
         "requests add.\n\n"
+    )
+
+
+def serve_stress(result: dict, labels: dict) -> str:
+    """The closed-loop stress test, where the run has one: each server's throughput with more clients than it
+    batches, every client sending its next request as soon as its last has ended."""
+    rows = [
+        [
+            labels[r["server"]],
+            f"{r['completed']} of {r['requests']}",
+            f"**{r['request_throughput']:.2f}**",
+            f"{r['output_tokens_per_s']:.1f}",
+            f"{r['ttft_s']['p50']:.2f}",
+            f"{1000 * r['tpot_s']['p50']:.0f}",
+            engine_step(r),
+        ]
+        for r in result.get("stress", [])
+    ]
+    if not rows:
+        return ""
+    headings = ["server", "completed", "requests/s", "output tokens/s", "TTFT p50 (s)", "TPOT p50 (ms)"]
+    s = result["settings"]
+    return (
+        table(headings + ["engine step (ms)"], rows)
+        + f"\nStress test: {s['clients']} clients, each sending its next request as soon as its last has ended, "
+        f"through {s['stress_requests']} requests of the same kinds as the rates' (seeded apart); a server batches "
+        f"at most {s['max_num_seqs']} at a time.\n\n"
     )
 
 

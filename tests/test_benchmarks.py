@@ -875,6 +875,26 @@ def test_serve_quick_against_a_fake_vllm_server(tiny_gqa, tmp_path, monkeypatch)
     assert [r["requests"] for r in result["agreement"]["rosellm vs vllm"]] == [6, 6]
 
 
+@pytest.mark.workload("serve")
+def test_serve_stress_test_sends_every_request_through_a_closed_loop_of_clients(tiny_gqa, tmp_path, monkeypatch):
+    """--clients 3: after the rates, each server (chapter 16's split server, vLLM's faked) serves the stress
+    requests to three clients that each send their next as soon as their last has ended."""
+    fakes = fake_vllm_server(tmp_path, monkeypatch)
+    result = run_quick(
+        "serve", tiny_gqa, tmp_path, "--rosellm", "split", "--peers", "vllm", "--clients", "3", fakes=fakes
+    )
+    assert result["settings"]["clients"] == 3 and result["correct"]
+    assert [row["server"] for row in result["stress"]] == ["rosellm-split", "vllm"]
+    for row in result["stress"]:
+        assert row["clients"] == 3 and row["completed"] == row["requests"] == result["settings"]["stress_requests"]
+        assert row["request_throughput"] > 0 and "rate" not in row
+        sends = sorted(detail["sent_s"] for detail in row["request_details"])
+        first_end = min(detail["last_chunk_s"] for detail in row["request_details"])
+        assert sends[2] < first_end <= sends[3]  # three at once, the fourth once one of them has ended
+    block = load_docs_results().block_serve(tmp_path, "serve.json")
+    assert "Stress test: 3 clients" in block and "| vLLM (fake) | 6 of 6 |" in block
+
+
 def fake_peer(tmp_path: Path, name: str, source: str):
     from benchmarks import peers
 
