@@ -151,8 +151,8 @@ GROUPS = {
             "latency_cpu_ch18_avx2_cpu.json",
             "latency-cpu --checkpoint 18 --variants fp32,gguf-fp32,bf16 --peers llamacpp,llamacpp-q4_1",
         ),
-        Job("offline_cpu_ch18_avx2_cpu.json", "offline-cpu --checkpoint 18 --engines rosellm --peers vllm"),
         Job("quant_kernels_ch18_avx2_cpu.json", KERNEL_CHOICE),
+        Job("offline_cpu_ch18_avx2_cpu.json", "offline-cpu --checkpoint 18 --engines rosellm --peers vllm"),
     ],
 }
 
