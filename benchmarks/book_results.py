@@ -14,8 +14,8 @@ one group (a page that quotes two labels its numbers with their runs):
     cpu           chapters 11-13: the CPU fast path, tensor parallelism, weight formats; vLLM and llama.cpp
     features      chapters 14-18: the latest engine at batch 1, speculation, grammars, the split server;
                   chapter 18's kernels at three CPU levels; vLLM
-    avx2-cpu      chapter 18 on a CPU with AVX2 and no AVX-512 (refused on any other): its kernels, batch 1
-                  beside llama.cpp and many sequences beside vLLM
+    avx2-cpu      chapter 18 on a CPU with AVX2 and no AVX-512 (refused on any other): batch 1 beside
+                  llama.cpp, and its kernels
 
 `--list` prints the groups, their files and how long each took when it was last measured. The peers a group
 needs are installed before its run starts (once: llama.cpp compiles for about 15 minutes); `--without-peers`
@@ -152,7 +152,6 @@ GROUPS = {
             "latency-cpu --checkpoint 18 --variants fp32,gguf-fp32,bf16 --peers llamacpp,llamacpp-q4_1",
         ),
         Job("quant_kernels_ch18_avx2_cpu.json", KERNEL_CHOICE),
-        Job("offline_cpu_ch18_avx2_cpu.json", "offline-cpu --checkpoint 18 --engines rosellm --peers vllm"),
     ],
 }
 

@@ -1050,11 +1050,12 @@ def test_a_group_of_one_kind_of_cpu_is_refused_on_another_and_skipped_from_a_ful
         book_results.main(["--group", "avx2-cpu"])
     assert ran == []
     book_results.main([])
-    assert "avx2-cpu" not in ran and ran == [name for name in book_results.GROUPS if name != "avx2-cpu"]
+    held = [name for name, jobs in book_results.groups().items() if jobs]  # at a chapter's tag, fewer workloads
+    assert ran == [name for name in held if name != "avx2-cpu"]
     assert "skipped: the avx2-cpu group" in capsys.readouterr().out
     monkeypatch.setattr(book_results, "lscpu", lambda: {"model_name": "AMD EPYC", "flags": "sse4_2 avx2 fma"})
     book_results.main(["--group", "avx2-cpu"])
-    assert ran[-1] == "avx2-cpu"
+    assert ran[-1] == ("avx2-cpu" if "avx2-cpu" in held else held[-1])
 
 
 def test_a_result_measured_at_a_lower_cpu_level_says_so_in_its_command(monkeypatch):
