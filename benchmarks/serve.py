@@ -472,11 +472,13 @@ def measure(args, s: dict, forms: list[str], chosen: list) -> dict:
     alone = harness.random_requests(
         s["alone"], [sum(s["prompt_len"]) // 2] * 2, [s["max_tokens"][1]] * 2, vocab, s["seed"] + 4
     )
-    stress_requests = harness.random_requests(
-        s["stress_requests"], s["prompt_len"], s["max_tokens"], vocab, s["seed"] + 5000
+    stressing = (
+        harness.random_requests(s["stress_requests"], s["prompt_len"], s["max_tokens"], vocab, s["seed"] + 5000)
+        if args.clients
+        else []
     )
-    stress_work = (args.clients, stress_requests) if args.clients else None
-    longest = max(len(p) + m for _, requests, _ in work for p, m in requests + warmup + alone + stress_requests)
+    stress_work = (args.clients, stressing) if args.clients else None
+    longest = max(len(p) + m for _, requests, _ in work for p, m in requests + warmup + alone + stressing)
     steps = [offline_step(args, s, vocab, longest, rows) for rows in s["offline_rows"]] if forms != ["ch10"] else []
     step = steps[0] if steps else None
     servers, runs, stresses = [], [], []
