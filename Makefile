@@ -80,9 +80,10 @@ bench-peers: $(STAMP)
 	$(PY) -m benchmarks structured --peers vllm
 	$(PY) -m benchmarks serve --rosellm in-process,split,dp2 --peers vllm --rates 0.25,0.5,1,2 --clients 64
 
-# Every result file the book quotes, measured again in three group runs (foundations, cpu, features), each
-# with a manifest in benchmarks/results/runs/ (about three hours on 2 cores, the peers included; run it on an
-# idle machine). `python -m benchmarks results --list` shows the groups; `--group NAME` runs one.
+# Every result file the book quotes, measured again in group runs (foundations, cpu, features; avx2-cpu only on
+# a CPU with AVX2 and no AVX-512, passed over elsewhere), each with a manifest in benchmarks/results/runs/ (about
+# three hours on 2 cores, the peers included; run it on an idle machine). `python -m benchmarks results --list`
+# shows the groups; `--group NAME` runs one.
 results: $(STAMP)
 	$(PY) -m benchmarks results
 
