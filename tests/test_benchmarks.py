@@ -895,6 +895,14 @@ def test_serve_stress_test_sends_every_request_through_a_closed_loop_of_clients(
     assert "Stress test: 3 clients" in block and "| vLLM (fake) | 6 of 6 |" in block
 
 
+@pytest.mark.workload("serve")
+def test_serve_refuses_a_negative_number_of_clients():
+    from benchmarks import serve
+
+    with pytest.raises(SystemExit, match="--clients -1: a number of clients, 0 for no stress test"):
+        serve.run(SimpleNamespace(clients=-1, peers="", rosellm="split"), dict(serve.FULL))
+
+
 def fake_peer(tmp_path: Path, name: str, source: str):
     from benchmarks import peers
 
