@@ -25,6 +25,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -122,6 +123,10 @@ typedef struct {
 } product;
 
 #define TILE 4 /* most outputs, and activation rows, of one tile */
+/* How far ahead an 8-bit tile asks for its weights. Measured on a 2-core AMD EPYC with AVX2 (SmolLM2's
+ * 49152x576 Q8_0 LM head, 2 threads, ms): 3.4 without, 1.7 / 1.5 / 1.3 at 4 / 8 / 16 rows ahead; 4-bit rows
+ * (half as long) read as fast without it. A prefetch past the end of the weights is harmless: it never faults. */
+#define PREFETCH_ROWS 16
 
 /* A tile of OUTPUTS outputs o.. for ROWS activation rows first.. (BITS, OUTPUTS and ROWS are constants where
  * it is inlined, so the compiler keeps the OUTPUTS x ROWS sums in registers). Each weight block is read once for
@@ -137,6 +142,8 @@ static inline __attribute__((always_inline)) void tile(const int BITS, const int
     for (int j = 0; j < OUTPUTS; j++) {
       const int64_t wb = (o + j) * p->blocks + k;
       const float dw = p->w_scales[wb];
+      if (BITS == 8) /* the same block PREFETCH_ROWS rows on: 8-bit rows stream at half the speed without it */
+        __builtin_prefetch((const int8_t *)p->w + (wb + PREFETCH_ROWS * p->blocks) * 32);
       for (int r = 0; r < ROWS; r++) {
         const int64_t xb = (first + r) * p->blocks + k;
         const int8_t *q = p->codes + xb * BLOCK;
@@ -193,4 +200,26 @@ void dot_q8(const int8_t *w, const float *w_scales, const int8_t *codes, const f
             float *out, int64_t rows, int64_t out_features, int64_t in, int threads) {
   const product p = {w, w_scales, NULL, codes, scales, NULL, bias, out, out_features, in / BLOCK};
   every_tile(8, &p, rows, threads);
+}
+
+/* quantize_q8_1 and then dot_q4 (bits 4: w_minimums given) or dot_q8 (bits 8: w_minimums NULL) in one call, x
+ * [rows, in] fp32 quantized into memory of its own: a layer's whole product for one crossing from Python.
+ * Returns 0, or -1 where that memory cannot be had (nothing written). */
+int linear(int bits, const float *x, const void *w, const float *w_scales, const float *w_minimums,
+           const float *bias, float *out, int64_t rows, int64_t out_features, int64_t in, int threads) {
+  const int64_t blocks = rows * (in / BLOCK);
+  int8_t *codes = malloc((size_t)rows * (size_t)in);
+  float *scales = malloc((size_t)blocks * 2 * sizeof(float)), *sums = scales + blocks;
+  if (codes == NULL || scales == NULL) {
+    free(codes), free(scales);
+    return -1;
+  }
+  quantize_q8_1(x, rows, in, codes, scales, sums);
+  const product p = {w, w_scales, w_minimums, codes, scales, sums, bias, out, out_features, in / BLOCK};
+  if (bits == 4)
+    every_tile(4, &p, rows, threads);
+  else
+    every_tile(8, &p, rows, threads);
+  free(codes), free(scales);
+  return 0;
 }

@@ -30,6 +30,8 @@ def _library(setting: tuple) -> ctypes.CDLL | None:
     library.dot_q8.argtypes = [POINTER] * 6 + [SIZE, SIZE, SIZE, ctypes.c_int]
     for function in (library.quantize_q8_1, library.dot_q4, library.dot_q8):
         function.restype = None
+    library.linear.argtypes = [ctypes.c_int] + [POINTER] * 6 + [SIZE, SIZE, SIZE, ctypes.c_int]
+    library.linear.restype = ctypes.c_int
     return library
 
 
@@ -54,19 +56,16 @@ def quantize_q8_1(x: torch.Tensor, library: ctypes.CDLL) -> tuple[torch.Tensor, 
 def linear(x, codes, scales, minimums, bias, library: ctypes.CDLL) -> torch.Tensor:
     """x [rows, in] fp32 @ w.T + bias -> [rows, out] fp32, w in `integer_dot.dot_weight`'s layout: codes
     [out, in / 2] uint8 (4 bits) or [out, in] int8 (8 bits), scales and minimums [out, in / 32] (minimums
-    None for 8 bits), bias [out] or None."""
-    x_codes, x_scales, x_sums = quantize_q8_1(x, library)
+    None for 8 bits), bias [out] or None. One call into C quantizes x (as `quantize_q8_1`) and multiplies: at
+    batch 1 each crossing from Python costs about as much as a small layer's product."""
+    check_inputs(x.shape[-1])
+    x = x.to(torch.float32).contiguous()
     rows, in_features = x.shape
-    out_features = codes.shape[0]
-    out = torch.empty(rows, out_features)
-    bias = None if bias is None else bias.contiguous()
-    bias_pointer = None if bias is None else bias.data_ptr()
-    shape = (rows, out_features, in_features, torch.get_num_threads())
-    if codes.dtype == torch.uint8:
-        weight = (codes.data_ptr(), scales.data_ptr(), minimums.data_ptr())
-        activations = (x_codes.data_ptr(), x_scales.data_ptr(), x_sums.data_ptr())
-        library.dot_q4(*weight, *activations, bias_pointer, out.data_ptr(), *shape)
-    else:
-        weight, activations = (codes.data_ptr(), scales.data_ptr()), (x_codes.data_ptr(), x_scales.data_ptr())
-        library.dot_q8(*weight, *activations, bias_pointer, out.data_ptr(), *shape)
+    out = torch.empty(rows, codes.shape[0])
+    bits = 4 if codes.dtype == torch.uint8 else 8
+    weight = (codes.data_ptr(), scales.data_ptr(), None if minimums is None else minimums.data_ptr())
+    bias_pointer = None if bias is None else bias.contiguous().data_ptr()
+    shape = (rows, codes.shape[0], in_features, torch.get_num_threads())
+    if library.linear(bits, x.data_ptr(), *weight, bias_pointer, out.data_ptr(), *shape):
+        raise MemoryError(f"no memory for the 8-bit copy of {rows} x {in_features} activations")
     return out
