@@ -7,6 +7,7 @@
  *        4 bits, w = dw * c + mw (c 0..15):  sum(w * x) = dw * d * sum(c * q) + mw * s
  *        8 bits, w = dw * c (c -128..127):   sum(w * x) = dw * d * sum(c * q)
  *    (Q4_0's w = dw * (c - 8) is the first with mw = -8 dw.)
+ * 3. linear: the two in one call, as a layer runs them (integer_dot_kernel.py, and integer_dot_op.cpp for graphs).
  *
  * The weights' layout, made once at load: a 4-bit block is 16 bytes, byte j holding code j (low nibble) and
  * code j + 16 (high): masking gives codes 0..15 and shifting codes 16..31, each in the order of the activation

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...operators import define_operator
-from . import integer_dot, integer_dot_kernel
+from . import integer_dot, integer_dot_kernel, integer_dot_op
 
 GROUP = 32  # weights per scale in GGUF's Q4_0, Q4_1, Q8_0 and in our int4
 
@@ -201,10 +201,21 @@ def run_matmul(matmul, x: torch.Tensor, *weights) -> torch.Tensor:
     return (OPERATORS[matmul] if any_rows_traced else matmul)(x, *weights)
 
 
-def run_integer_dot(x: torch.Tensor, *weights) -> torch.Tensor:
+# integer_dot_op's C++ operator where it is built (`use_integer_dot` sets it): a global, read once per graph.
+graph_operator = None
+
+
+def run_integer_dot(x: torch.Tensor, kernel_address: int, *weights) -> torch.Tensor:
     """`integer_dot_matmul(x, *weights)`: itself in eager code, its operator in any compiled graph (a C
-    kernel called through ctypes cannot be traced; the operator calls it at run time)."""
-    return (OPERATORS[integer_dot_matmul] if torch.compiler.is_compiling() else integer_dot_matmul)(x, *weights)
+    kernel called through ctypes cannot be traced; the operator calls it at run time). In a graph traced for
+    one row of fp32 activations, where the choice is the integer kernel's, the C++ operator calls the kernel at
+    `kernel_address` without Python (see integer_dot_op.py), where the layer was given one (else 0)."""
+    if not torch.compiler.is_compiling():
+        return integer_dot_matmul(x, *weights)
+    if kernel_address and x.shape[0] == 1 and x.dtype == torch.float32:
+        codes, scales, minimums, _, bias = weights
+        return graph_operator(x, codes, scales, minimums, bias, kernel_address)
+    return OPERATORS[integer_dot_matmul](x, *weights)
 
 
 class QuantizedLinear(nn.Module):
@@ -212,15 +223,16 @@ class QuantizedLinear(nn.Module):
     integer kernel's layout too (`use_integer_dot`) and the integer dot products."""
 
     uses_integer_dot = False  # whether `use_integer_dot` gave it the integer kernel's copy
+    kernel_address = 0  # the C kernel's, for the C++ operator of one-row graphs (`run_integer_dot`); 0: none
 
-    def use_integer_dot(self) -> None:
+    def use_integer_dot(self, kernel_address: int = 0) -> None:
         """Hold the weight in `integer_dot.dot_weight`'s layout too (buffers dot_codes, dot_scales and
         dot_minimums: 0.5 or 1 byte a weight, scales shared where they can be): fp32 activations with few rows
         then run on integer dot products."""
         codes, scales, minimums = integer_dot.dot_weight(*self.integer_dot_source())
         for name, tensor in (("dot_codes", codes), ("dot_scales", scales), ("dot_minimums", minimums)):
             self.register_buffer(name, tensor)
-        self.uses_integer_dot = True
+        self.uses_integer_dot, self.kernel_address = True, kernel_address
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
@@ -228,17 +240,22 @@ class QuantizedLinear(nn.Module):
             out = self.matmul(x2d)
         else:
             weights = (self.dot_codes, self.dot_scales, self.dot_minimums, self.dense, self.bias)
-            out = run_integer_dot(x2d, *weights)
+            out = run_integer_dot(x2d, self.kernel_address, *weights)
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
 def use_integer_dot(net: nn.Module) -> None:
     """Every quantized layer of `net` whose dense copy is fp32 on CPU (and whose inputs come in blocks of 32)
-    also holds its weight for the integer kernel (`QuantizedLinear.use_integer_dot`)."""
+    also holds its weight for the integer kernel (`QuantizedLinear.use_integer_dot`), and, where the C kernel
+    and its C++ operator are built, the two for compiled graphs (a graph keeps the kernel it was traced with)."""
+    global graph_operator
+    library, kernel_address = integer_dot_kernel.kernel(), 0
+    if library is not None and (operator := integer_dot_op.operator(__package__)) is not None:
+        graph_operator, kernel_address = operator, integer_dot_op.address(library)
     for module in net.modules():
         fp32_cpu = isinstance(module, QuantizedLinear) and module.dense.dtype == torch.float32
         if fp32_cpu and module.dense.device.type == "cpu" and module.in_features % integer_dot.BLOCK == 0:
-            module.use_integer_dot()
+            module.use_integer_dot(kernel_address)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
