@@ -20,6 +20,7 @@ ATEN_CPU_CAPABILITY (default, avx2, avx512) when torch starts.
 import functools
 import logging
 import os
+from pathlib import Path
 
 import torch
 
@@ -41,6 +42,17 @@ def native_level() -> str:
         "avx2": torch.cpu._is_avx2_supported(),
     }
     return next((name for name, present in detected.items() if present), "baseline")
+
+
+@functools.cache
+def vendor() -> str:
+    """The CPU's maker as Linux names it ("GenuineIntel", "AuthenticAMD", ...), or "" where /proc/cpuinfo does
+    not say (other systems, ARM). A BLAS may choose its kernels by it: Intel's MKL does."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), "")
 
 
 def masked() -> bool:

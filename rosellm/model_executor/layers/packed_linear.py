@@ -34,13 +34,21 @@ def _output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-# Up to this many rows (a decode step of a few sequences) the plain weight's `F.linear` is faster: the BLAS's
-# matrix-vector kernels stream the weight from memory faster than oneDNN's packed GEMM reads it. Measured on
-# SmolLM2's 30 layers, weights read from memory, 2 threads (Xeon, AVX-512): 15.9 / 17.6 / 19.7 ms at 1 / 2 / 3
-# rows against 21.6 / 22.7 / 24.1 packed; from 4 rows on the packed copy wins (24.9 against 27.9 at 4).
-# bf16 weights (packed where the CPU has native bf16) take their packed copy at every row count: 14.8 / 17.1 /
-# 31.9 ms at 1 / 4 / 16 rows against F.linear's 18.2 / 22.7 / 37.6, the same layers (Xeon, AVX-512 BF16).
-PLAIN_ROWS = 3  # of fp32
+def plain_rows() -> int:
+    """Up to how many rows (a decode step of a few sequences) fp32 multiplies the plain weight with `F.linear`
+    instead of the packed copy: where the BLAS's matrix-vector kernels stream the weight from memory faster
+    than oneDNN's packed GEMM reads it. That holds for Intel's MKL on Intel's CPUs: measured on SmolLM2's 30
+    layers, weights read from memory, 2 threads (Xeon, AVX-512): 15.9 / 17.6 / 19.7 ms at 1 / 2 / 3 rows
+    against 21.6 / 22.7 / 24.1 packed, and from 4 rows on the packed copy wins (24.9 against 27.9 at 4): 3.
+    MKL on another maker's CPU does not take its fast paths: on a 2-core AMD EPYC with AVX2 the same layers
+    took 58.8 ms at one row plain against 40.2 packed (the avx2-cpu kernel table): 0, the packed copy always.
+    bf16 weights (packed where the CPU has native bf16) take their packed copy at every row count: 14.8 / 17.1
+    / 31.9 ms at 1 / 4 / 16 rows against F.linear's 18.2 / 22.7 / 37.6 (Xeon, AVX-512 BF16)."""
+    mkl_elsewhere = torch.backends.mkl.is_available() and cpu_features.vendor() not in ("GenuineIntel", "")
+    return 0 if mkl_elsewhere else 3
+
+
+PLAIN_ROWS = plain_rows()  # of fp32, for this process's CPU
 
 
 @define_operator(__package__, fake=_output)
@@ -56,14 +64,14 @@ class PackedLinear(nn.Linear):
     """An `nn.Linear` whose weight has been packed (`pack_linears`); same parameters, same results within
     floating-point reordering.
 
-    A few rows of fp32 multiply the plain weight instead (`PLAIN_ROWS`). A row count known to be 1 while
-    tracing (the one-token graph, eager code) calls `F.linear` in the graph itself, without the operator: the
-    compiled one-token step took 18 ms instead of 32. Any other graph calls the operator, which chooses at each
-    call, so no graph gains a guard on its number of rows."""
+    A few rows of fp32 multiply the plain weight instead (`PLAIN_ROWS`, where it is not 0). A row count known
+    to be 1 while tracing (the one-token graph, eager code) then calls `F.linear` in the graph itself, not the
+    operator: the compiled one-token step took 18 ms instead of 32. Any other graph calls the operator, which
+    chooses at each call, so no graph gains a guard on its number of rows."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] -> [rows, out]."""
-        if self.weight.dtype == torch.float32 and statically_known_true(x.shape[0] == 1):
+        if self.weight.dtype == torch.float32 and PLAIN_ROWS and statically_known_true(x.shape[0] == 1):
             return F.linear(x, self.weight, self.bias)
         return packed_linear(x, self.weight, self.bias)
 
