@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -28,16 +29,23 @@ from ...envs import cache_dir
 
 SOURCE = Path(__file__).with_name("integer_dot_op.cpp")
 STANDARDS = ("-std=c++20", "-std=c++17")  # torch's headers want C++17 at least; the first a compiler takes
+_loading = threading.Lock()  # `operator`'s: one build and registration at a time
 
 
 def _output(x, codes, *rest):
     return x.new_empty(x.shape[0], codes.shape[0])
 
 
-@functools.cache
 def operator(package: str):
     """The operator `integer_dot_linear(x, codes, scales, minimums, bias, kernel) -> out` of the namespace made
-    from `package` (the caller's `__package__`), built and loaded once per process; None where it cannot be."""
+    from `package` (the caller's `__package__`), built and loaded once per process; None where it cannot be.
+    Under a lock: two threads preparing models at once must not register the operator twice."""
+    with _loading:
+        return _operator(package)
+
+
+@functools.cache
+def _operator(package: str):
     namespace = package.replace(".", "_")
     library = build(namespace)
     if library is None:
