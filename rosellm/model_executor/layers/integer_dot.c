@@ -216,11 +216,10 @@ int linear(int bits, const float *x, const void *w, const float *w_scales, const
     return -1;
   }
   quantize_q8_1(x, rows, in, codes, scales, sums);
-  const product p = {w, w_scales, w_minimums, codes, scales, sums, bias, out, out_features, in / BLOCK};
   if (bits == 4)
-    every_tile(4, &p, rows, threads);
+    dot_q4(w, w_scales, w_minimums, codes, scales, sums, bias, out, rows, out_features, in, threads);
   else
-    every_tile(8, &p, rows, threads);
+    dot_q8(w, w_scales, codes, scales, bias, out, rows, out_features, in, threads);
   free(codes), free(scales);
   return 0;
 }

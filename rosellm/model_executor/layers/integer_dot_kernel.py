@@ -26,10 +26,7 @@ def _library(setting: tuple) -> ctypes.CDLL | None:
     if library is None:
         return None
     library.quantize_q8_1.argtypes = [POINTER, SIZE, SIZE, POINTER, POINTER, POINTER]
-    library.dot_q4.argtypes = [POINTER] * 8 + [SIZE, SIZE, SIZE, ctypes.c_int]
-    library.dot_q8.argtypes = [POINTER] * 6 + [SIZE, SIZE, SIZE, ctypes.c_int]
-    for function in (library.quantize_q8_1, library.dot_q4, library.dot_q8):
-        function.restype = None
+    library.quantize_q8_1.restype = None
     library.linear.argtypes = [ctypes.c_int] + [POINTER] * 6 + [SIZE, SIZE, SIZE, ctypes.c_int]
     library.linear.restype = ctypes.c_int
     return library
